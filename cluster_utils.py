@@ -1,0 +1,416 @@
+"""What mnist_dist_async.py and mnist_dist_sync.py share.
+
+Flags, the ClusterSpec and the server of this task, session configs, the
+MNIST data, the model and the end of a run: once every worker has finished,
+each ps task leaves on its own instead of blocking in `server.join()`.
+"""
+
+import collections
+import contextlib
+import gzip
+import hashlib
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+import zlib
+
+# TensorFlow prints pages of C++ start-up lines; keep warnings and errors only.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+from absl import flags  # noqa: E402
+
+tf.logging.set_verbosity(tf.logging.ERROR)
+tf.disable_v2_behavior()
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'Role of this task.')
+flags.DEFINE_integer('task_index', 0, 'Index of this task within its job.',
+                     lower_bound=0)
+flags.DEFINE_string('ps', 'localhost:9001',
+                    'Comma-separated host:port list of the ps tasks.')
+flags.DEFINE_string('worker', 'localhost:9002,localhost:9003,localhost:9004',
+                    'Comma-separated host:port list of the worker tasks.')
+flags.DEFINE_string('data_dir',
+                    os.path.join(os.path.expanduser('~'), '.cache', 'mnist'),
+                    'Directory with the four MNIST IDX .gz files; missing '
+                    'ones are downloaded into it.')
+flags.DEFINE_integer('validation_size', 5000,
+                     'Training images held out for validation.', lower_bound=0)
+flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
+flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
+                     lower_bound=1)
+flags.DEFINE_integer('epochs', 50,
+                     'Passes of each worker over the training set.',
+                     lower_bound=1)
+flags.DEFINE_integer('print_every_epochs', 10,
+                     'Log the loss every this many epochs.', lower_bound=1)
+flags.DEFINE_float('gpu_memory_fraction', 0.2,
+                   'Share of a GPU\'s memory each worker may take, so that '
+                   'several workers fit on one GPU.')
+flags.DEFINE_float('startup_timeout', 120,
+                   'Seconds to wait for the other tasks to come up.')
+flags.mark_flag_as_required('job_name')
+flags.register_validator('learning_rate', lambda v: v > 0,
+                         'must be positive')
+flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
+                         'must be in (0, 1]')
+flags.register_validator('startup_timeout', lambda v: v > 0,
+                         'must be positive')
+
+
+def parse_host_list(value):
+    """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], or ValueError saying what is wrong."""
+    hosts = [h.strip() for h in value.split(',')]
+    for host in hosts:
+        name, _, port = host.rpartition(':')
+        if (not re.fullmatch(r'[\w.-]+|\[[0-9a-fA-F:.]+\]', name)
+                or not port.isdigit() or not 0 < int(port) < 65536):
+            raise ValueError('%r is not host:port' % host)
+    return hosts
+
+
+@flags.multi_flags_validator(
+    ['ps', 'worker', 'job_name', 'task_index'],
+    message='the cluster flags do not fit together')
+def _check_cluster_flags(values):
+    jobs = {}
+    for job in ('ps', 'worker'):
+        try:
+            jobs[job] = parse_host_list(values[job])
+        except ValueError as e:
+            raise flags.ValidationError('--%s: %s' % (job, e))
+    all_hosts = jobs['ps'] + jobs['worker']
+    for host in all_hosts:
+        if all_hosts.count(host) > 1:
+            raise flags.ValidationError('%s is given to two tasks' % host)
+    job = values['job_name']
+    if job and values['task_index'] >= len(jobs[job]):
+        raise flags.ValidationError(
+            '--task_index=%d, but --%s lists only %d task(s)'
+            % (values['task_index'], job, len(jobs[job])))
+    return True
+
+
+def parse_flags(argv):
+    """absl's parser, but a usage error is one line and exit status 2."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print('%s: error: %s' % (os.path.basename(argv[0]), e),
+              file=sys.stderr)
+        sys.exit(2)
+
+
+def fail(message):
+    """Ends this task with a one-line error and exit status 1."""
+    print('%s: error: %s' % (task_name(), message), file=sys.stderr)
+    sys.exit(1)
+
+
+def task_name():
+    return '/job:%s/task:%d' % (FLAGS.job_name, FLAGS.task_index)
+
+
+def cluster_spec_from_flags():
+    return tf.train.ClusterSpec({'ps': parse_host_list(FLAGS.ps),
+                                 'worker': parse_host_list(FLAGS.worker)})
+
+
+def start_server(cluster):
+    try:
+        return tf.train.Server(cluster, job_name=FLAGS.job_name,
+                               task_index=FLAGS.task_index,
+                               config=session_config(cluster))
+    except tf.errors.UnknownError:
+        address = cluster.task_address(FLAGS.job_name, FLAGS.task_index)
+        fail('cannot listen on port %s (%s): is it in use?'
+             % (address.rpartition(':')[2], address))
+
+
+def session_config(cluster):
+    if FLAGS.job_name == 'ps':
+        # The ps never computes, and its own session must not dial the
+        # workers: a worker not up yet would leave a broken channel behind.
+        return tf.ConfigProto(device_count={'GPU': 0},
+                              device_filters=[task_name()])
+    # Without the filter a worker's session waits for every other worker.
+    return tf.ConfigProto(
+        allow_soft_placement=True,
+        device_filters=['/job:ps', task_name()],
+        gpu_options=tf.GPUOptions(
+            per_process_gpu_memory_fraction=FLAGS.gpu_memory_fraction))
+
+
+# -------------------------------------------------------------------- data
+
+MNIST_FILES = {
+    'train-images-idx3-ubyte.gz':
+        '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
+    'train-labels-idx1-ubyte.gz':
+        '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
+    't10k-images-idx3-ubyte.gz':
+        '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
+    't10k-labels-idx1-ubyte.gz':
+        'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
+}
+MNIST_MIRRORS = ['https://storage.googleapis.com/cvdf-datasets/mnist/',
+                 'https://ossci-datasets.s3.amazonaws.com/mnist/']
+IMAGE_PIXELS = 28 * 28
+NUM_CLASSES = 10
+
+Split = collections.namedtuple('Split', ['images', 'labels'])
+Datasets = collections.namedtuple('Datasets', ['train', 'validation', 'test'])
+
+
+class DataError(Exception):
+    pass
+
+
+def download(url, sha256, path):
+    """Fetches url to path, all or nothing, if its SHA-256 is sha256."""
+    directory = os.path.dirname(path) or '.'
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as tmp:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                data = response.read()
+            if hashlib.sha256(data).hexdigest() != sha256:
+                raise DataError('%s has the wrong SHA-256' % url)
+            tmp.write(data)
+            tmp.close()
+            os.replace(tmp.name, path)
+        finally:
+            if os.path.exists(tmp.name):
+                os.unlink(tmp.name)
+
+
+def download_mnist(data_dir, names):
+    for name in names:
+        errors = []
+        for mirror in MNIST_MIRRORS:
+            try:
+                download(mirror + name, MNIST_FILES[name],
+                         os.path.join(data_dir, name))
+                break
+            except (OSError, DataError) as e:
+                errors.append(str(e))
+        else:
+            raise DataError(
+                '%s not found in %s and not downloadable (%s); put the four '
+                'files %s there, or point --data_dir at them'
+                % (name, data_dir, errors[-1], ', '.join(MNIST_FILES)))
+
+
+def read_idx(path):
+    """A gzipped IDX file of unsigned bytes as a numpy array."""
+    try:
+        with gzip.open(path, 'rb') as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError('%s is unreadable, truncated or corrupt (%s)'
+                        % (path, e))
+    if len(data) < 4 or data[:3] != b'\0\0\x08':
+        raise DataError('%s is not an IDX file of unsigned bytes' % path)
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    shape = np.frombuffer(data[4:header], '>u4')
+    if len(shape) != ndim or len(data) != header + int(np.prod(shape)):
+        raise DataError('%s is truncated or corrupt: its size does not match '
+                        'its header' % path)
+    return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
+
+
+def read_split(data_dir, prefix):
+    images = read_idx(os.path.join(data_dir, prefix + '-images-idx3-ubyte.gz'))
+    labels = read_idx(os.path.join(data_dir, prefix + '-labels-idx1-ubyte.gz'))
+    if (images.ndim != 3 or images.shape[1] * images.shape[2] != IMAGE_PIXELS
+            or labels.ndim != 1 or len(labels) != len(images)
+            or labels.max(initial=0) >= NUM_CLASSES):
+        raise DataError('%s/%s-*: expected N 28x28 images and N labels 0-9, '
+                        'found images %s and labels %s'
+                        % (data_dir, prefix, images.shape, labels.shape))
+    return Split(images.reshape(-1, IMAGE_PIXELS).astype(np.float32) / 255,
+                 np.eye(NUM_CLASSES, dtype=np.float32)[labels])
+
+
+def read_data_sets(data_dir, validation_size):
+    """MNIST, or any data set in its layout, split as TensorFlow's tutorial
+    split it: the first validation_size training images are held out."""
+    missing = [name for name in MNIST_FILES
+               if not os.path.exists(os.path.join(data_dir, name))]
+    if missing:
+        download_mnist(data_dir, missing)
+    train = read_split(data_dir, 'train')
+    if len(train.images) <= validation_size:
+        raise DataError('%s has %d training images, not more than '
+                        '--validation_size=%d'
+                        % (data_dir, len(train.images), validation_size))
+    return Datasets(
+        train=Split(train.images[validation_size:],
+                    train.labels[validation_size:]),
+        validation=Split(train.images[:validation_size],
+                         train.labels[:validation_size]),
+        test=read_split(data_dir, 't10k'))
+
+
+def load_mnist():
+    """The data sets of --data_dir, or the end of this task saying why not."""
+    try:
+        mnist = read_data_sets(FLAGS.data_dir, FLAGS.validation_size)
+    except DataError as e:
+        fail(e)
+    if len(mnist.train.images) < FLAGS.batch_size:
+        fail('%d training images are fewer than --batch_size=%d'
+             % (len(mnist.train.images), FLAGS.batch_size))
+    return mnist
+
+
+def epoch_batches(split, batch_size, rng):
+    """One pass over split in a new random order, in full batches."""
+    order = rng.permutation(len(split.images))
+    for start in range(0, len(order) - batch_size + 1, batch_size):
+        batch = order[start:start + batch_size]
+        yield split.images[batch], split.labels[batch]
+
+
+# ------------------------------------------------------------------- model
+
+Model = collections.namedtuple('Model', ['x', 'y_', 'loss', 'accuracy'])
+
+
+def softmax_regression():
+    """The book's model: softmax regression of the 784 pixels."""
+    x = tf.placeholder(tf.float32, [None, IMAGE_PIXELS], name='x')
+    y_ = tf.placeholder(tf.float32, [None, NUM_CLASSES], name='y_')
+    w = tf.Variable(tf.random_normal([IMAGE_PIXELS, NUM_CLASSES]), name='w')
+    b = tf.Variable(tf.random_normal([NUM_CLASSES]), name='b')
+    logits = tf.matmul(x, w) + b
+    loss = tf.reduce_mean(
+        tf.nn.softmax_cross_entropy_with_logits_v2(labels=y_, logits=logits))
+    correct = tf.equal(tf.argmax(logits, 1), tf.argmax(y_, 1))
+    return Model(x, y_, loss, tf.reduce_mean(tf.cast(correct, tf.float32)))
+
+
+def log_epoch(epoch, global_step, local_step, loss):
+    if (epoch + 1) % FLAGS.print_every_epochs == 0:
+        print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
+              % (FLAGS.task_index, epoch, global_step, local_step, float(loss)),
+              flush=True)
+
+
+def log_final_accuracy(sess, model, split):
+    accuracy = sess.run(model.accuracy,
+                        feed_dict={model.x: split.images,
+                                   model.y_: split.labels})
+    print('worker=%d, final accuracy = %s' % (FLAGS.task_index, float(accuracy)),
+          flush=True)
+
+
+# ---------------------------------------------------------------- liveness
+
+def is_listening(address, timeout=1.0):
+    host, _, port = address.rpartition(':')
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_tasks(cluster, job):
+    """Blocks until every task of `job` accepts connections."""
+    deadline = time.time() + FLAGS.startup_timeout
+    addresses = cluster.job_tasks(job)
+    missing = list(range(len(addresses)))
+    while missing:
+        missing = [i for i in missing if not is_listening(addresses[i])]
+        if missing and time.time() > deadline:
+            fail('/job:%s/task:%d (%s) did not come up within %g s'
+                 % (job, missing[0], addresses[missing[0]],
+                    FLAGS.startup_timeout))
+        if missing:
+            time.sleep(0.2)
+
+
+def supervised_session(sv, server, cluster):
+    """The Supervisor's session, once the ps tasks and the chief are up."""
+    wait_for_tasks(cluster, 'ps')
+    with exit_if_cluster_lost(cluster):
+        try:
+            return sv.prepare_or_wait_for_session(
+                server.target, config=session_config(cluster),
+                max_wait_secs=FLAGS.startup_timeout)
+        except tf.errors.DeadlineExceededError:
+            fail('the chief, /job:worker/task:0 (%s), did not initialize the '
+                 'model within %g s' % (cluster.task_address('worker', 0),
+                                        FLAGS.startup_timeout))
+
+
+def close_session(sv, sess):
+    """Ends a worker's session and the Supervisor's threads.
+
+    The threads are told to stop first, then the session is closed, which
+    cancels what they are blocked in, such as the sync chief's wait for
+    gradients that no worker will send any more; only then can they be joined.
+    """
+    sv.request_stop()
+    sess.close()
+    sv.stop()
+
+
+@contextlib.contextmanager
+def exit_if_cluster_lost(cluster):
+    """Ends this worker with a one-line error when a ps task goes away.
+
+    At once, with os._exit: closing a session whose ps is gone blocks for
+    good, and so would the interpreter's own clean-up.
+    """
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        # The message names the tasks involved, this one among them.
+        named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)', e.message)
+        others = [(job, int(i)) for job, i in named
+                  if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
+        task = 'a ps task (%s)' % ','.join(cluster.job_tasks('ps'))
+        if others:
+            job, index = others[0]
+            task = '/job:%s/task:%d (%s)' % (
+                job, index, cluster.task_address(job, index))
+        print('%s: error: lost the connection to %s'
+              % (task_name(), task), file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+# ------------------------------------------------------------ end of a run
+
+def serve_until_workers_gone(cluster):
+    """The ps side of the end of a run: serve until every worker has come up
+    and gone.
+
+    Instead of server.join(), which never returns. The ps watches the workers'
+    ports rather than waiting for messages from them: a worker still needs the
+    ps while it closes its session, and one that was killed sends nothing.
+    A worker that never comes up ends the ps after --startup_timeout.
+    """
+    workers = cluster.job_tasks('worker')
+    deadline = time.time() + FLAGS.startup_timeout
+    seen = set()
+    while True:
+        up = {i for i, address in enumerate(workers) if is_listening(address)}
+        seen |= up
+        if not up and len(seen) == len(workers):
+            return
+        never_up = set(range(len(workers))) - seen
+        if never_up and time.time() > deadline:
+            i = min(never_up)
+            fail('/job:worker/task:%d (%s) did not come up within %g s'
+                 % (i, workers[i], FLAGS.startup_timeout))
+        time.sleep(0.5)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Runs a parameter-server cluster on this machine: NUM_PS ps tasks and
+# NUM_WORKERS worker tasks of mnist_dist_async.py or mnist_dist_sync.py, one
+# process each, with one log per task in RUN_DIR. Prints each worker's final
+# accuracy; exits 0 if every task did, 1 if any failed, 130 if interrupted.
+# Every process it started is gone when it returns, whichever way.
+#
+# By default the cluster runs in a private network namespace with only a
+# loopback device: TensorFlow's server has no authentication and listens on
+# every interface, so nothing else should be able to reach it. -H runs it on
+# the host's network instead.
+set -u
+
+usage() {
+  echo "usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-H]" \
+       "{async|sync} [script flags...]" >&2
+  exit 2
+}
+
+args=("$@")
+num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0
+while getopts 'n:p:b:o:Hh' opt; do
+  case $opt in
+    n) num_workers=$OPTARG ;;
+    p) num_ps=$OPTARG ;;
+    b) base_port=$OPTARG ;;
+    o) run_dir=$OPTARG ;;
+    H) host_network=1 ;;
+    *) usage ;;
+  esac
+done
+shift $((OPTIND - 1))
+[[ $# -ge 1 && ($1 == async || $1 == sync) ]] || usage
+mode=$1
+shift
+for n in "$num_workers" "$num_ps" "$base_port"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "$0: error: '$n' is not a positive number" >&2; exit 2; }
+done
+last_port=$((base_port + num_ps + num_workers - 1))
+((last_port < 65536)) || { echo "$0: error: ports $base_port-$last_port do not exist" >&2; exit 2; }
+
+if ((host_network == 0)) && [[ -z ${LAUNCH_LOCAL_NETNS:-} ]]; then
+  if unshare --user --map-root-user --net true 2>/dev/null; then
+    LAUNCH_LOCAL_NETNS=1 exec unshare --user --map-root-user --net bash "$0" "${args[@]}"
+  fi
+  echo "$0: no private network namespace here (unshare failed): the" \
+       "cluster's ports $base_port-$last_port are open to the network" >&2
+fi
+if [[ -n ${LAUNCH_LOCAL_NETNS:-} ]]; then
+  ip link set lo up || { echo "$0: error: cannot bring up loopback in the namespace (is iproute2 installed? -H skips the namespace)" >&2; exit 1; }
+fi
+
+here=$(cd "$(dirname "$0")" && pwd)
+python=${PYTHON:-python3}
+run_dir=${run_dir:-runs/$mode-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$run_dir" || exit 1
+
+host_list() {  # FIRST_PORT COUNT
+  local i hosts=()
+  for ((i = 0; i < $2; i++)); do hosts+=("localhost:$(($1 + i))"); done
+  (IFS=,; echo "${hosts[*]}")
+}
+ps_hosts=$(host_list "$base_port" "$num_ps")
+worker_hosts=$(host_list $((base_port + num_ps)) "$num_workers")
+
+ps_pids=() worker_pids=()
+start_task() {  # JOB INDEX [flags...]
+  local job=$1 index=$2
+  shift 2
+  # The whole output goes to the task's log; its training lines and errors
+  # to the terminal too.
+  ( "$python" "$here/mnist_dist_$mode.py" --job_name="$job" --task_index="$index" \
+      --ps="$ps_hosts" --worker="$worker_hosts" "$@" 2>&1 \
+      | tee "$run_dir/$job$index.log" | grep --line-buffered -E '^worker=|: error: '
+    exit "${PIPESTATUS[0]}" ) &
+}
+
+stop_all() {
+  local pids=("${ps_pids[@]}" "${worker_pids[@]}") pid
+  for pid in "${pids[@]}"; do pkill -TERM -P "$pid"; done
+  for _ in {1..50}; do
+    pgrep -P "$(IFS=,; echo "${pids[*]}")" > /dev/null || break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do pkill -KILL -P "$pid"; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+}
+trap 'echo "$0: interrupted, stopping every task" >&2; stop_all; exit 130' INT TERM
+
+echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts), logs in $run_dir"
+for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; ps_pids+=($!); done
+for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; worker_pids+=($!); done
+
+failed=0
+for ((i = 0; i < num_workers; i++)); do
+  wait "${worker_pids[i]}"
+  worker_status[i]=$?
+  ((worker_status[i] == 0)) || failed=1
+done
+# The ps tasks leave on their own within a second or so of the last worker.
+for _ in {1..100}; do
+  kill -0 "${ps_pids[@]}" 2>/dev/null || break
+  sleep 0.1
+done
+for ((i = 0; i < num_ps; i++)); do
+  if kill -0 "${ps_pids[i]}" 2>/dev/null; then
+    echo "$0: ps $i did not exit after the workers; stopping it" >&2
+    pkill -KILL -P "${ps_pids[i]}"
+  fi
+  wait "${ps_pids[i]}"
+  status=$?
+  ((status == 0)) || { failed=1; echo "ps $i: exit $status, see $run_dir/ps$i.log"; }
+done
+
+echo "---- $mode, $num_workers workers, logs in $run_dir"
+for ((i = 0; i < num_workers; i++)); do
+  accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
+  echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
+done
+exit $failed

@@ -1,0 +1,64 @@
+"""MNIST softmax regression, trained by parameter servers with asynchronous
+updates: every worker applies its own gradients to the shared variables as
+soon as it has computed them.
+
+Start one process per task, for example on one machine:
+    python mnist_dist_async.py --job_name=ps --task_index=0
+    python mnist_dist_async.py --job_name=worker --task_index=0   # the chief
+    python mnist_dist_async.py --job_name=worker --task_index=1
+    python mnist_dist_async.py --job_name=worker --task_index=2
+"""
+
+import numpy as np
+from absl import app
+
+import cluster_utils
+from cluster_utils import FLAGS, tf
+
+
+def main(_):
+    cluster = cluster_utils.cluster_spec_from_flags()
+    server = cluster_utils.start_server(cluster)
+
+    if FLAGS.job_name == 'ps':
+        cluster_utils.serve_until_workers_gone(cluster)
+        return
+
+    mnist = cluster_utils.load_mnist()
+    is_chief = FLAGS.task_index == 0
+
+    # Variables go to the ps tasks, the computation stays on this worker.
+    with tf.device(tf.train.replica_device_setter(
+            worker_device='/job:worker/task:%d' % FLAGS.task_index,
+            cluster=cluster)):
+        global_step = tf.train.get_or_create_global_step()
+        model = cluster_utils.softmax_regression()
+        opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
+        train_op = opt.minimize(model.loss, global_step=global_step)
+
+    # The chief initializes the variables; the others wait for it, checking
+    # every second instead of Supervisor's default 30.
+    sv = tf.train.Supervisor(is_chief=is_chief,
+                             global_step=global_step,
+                             init_op=tf.global_variables_initializer(),
+                             recovery_wait_secs=1)
+    sess = cluster_utils.supervised_session(sv, server, cluster)
+
+    rng = np.random.default_rng(FLAGS.task_index)
+    local_step = 0
+    with cluster_utils.exit_if_cluster_lost(cluster):
+        for epoch in range(FLAGS.epochs):
+            for batch_x, batch_y in cluster_utils.epoch_batches(
+                    mnist.train, FLAGS.batch_size, rng):
+                _, loss, step = sess.run(
+                    [train_op, model.loss, global_step],
+                    feed_dict={model.x: batch_x, model.y_: batch_y})
+                local_step += 1
+            cluster_utils.log_epoch(epoch, step, local_step, loss)
+
+        cluster_utils.log_final_accuracy(sess, model, mnist.test)
+    cluster_utils.close_session(sv, sess)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=cluster_utils.parse_flags)

@@ -1,0 +1,104 @@
+"""MNIST softmax regression, trained by parameter servers with synchronous
+updates: the gradients of --replicas_to_aggregate workers are averaged into
+one update of the shared variables, and the workers wait for it.
+
+Start one process per task, for example on one machine:
+    python mnist_dist_sync.py --job_name=ps --task_index=0
+    python mnist_dist_sync.py --job_name=worker --task_index=0   # the chief
+    python mnist_dist_sync.py --job_name=worker --task_index=1
+    python mnist_dist_sync.py --job_name=worker --task_index=2
+"""
+
+import numpy as np
+from absl import app
+
+import cluster_utils
+from cluster_utils import FLAGS, flags, tf
+
+# SYNC: fewer than the workers leaves the slowest as backup workers.
+flags.DEFINE_integer('replicas_to_aggregate', None,
+                     'Gradients per update (default: all the workers).',
+                     lower_bound=1)
+
+
+def main(_):
+    cluster = cluster_utils.cluster_spec_from_flags()
+    server = cluster_utils.start_server(cluster)
+
+    if FLAGS.job_name == 'ps':
+        cluster_utils.serve_until_workers_gone(cluster)
+        return
+
+    mnist = cluster_utils.load_mnist()
+    is_chief = FLAGS.task_index == 0
+
+    # Variables go to the ps tasks, the computation stays on this worker.
+    with tf.device(tf.train.replica_device_setter(
+            worker_device='/job:worker/task:%d' % FLAGS.task_index,
+            cluster=cluster)):
+        global_step = tf.train.get_or_create_global_step()
+        model = cluster_utils.softmax_regression()
+        opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
+        # SYNC: wrap the optimizer; its accumulators and token queue live on
+        # the ps tasks.
+        num_workers = cluster.num_tasks('worker')
+        replicas = FLAGS.replicas_to_aggregate or num_workers
+        opt = tf.train.SyncReplicasOptimizer(
+            opt, replicas_to_aggregate=replicas,
+            total_num_replicas=num_workers)
+        train_op = opt.minimize(model.loss, global_step=global_step)
+
+    # SYNC: once the shared variables are initialized, the chief sets up the
+    # gradient accumulators and each other worker its local step. The chief
+    # then runs the queue runner that applies the aggregated gradients, and
+    # puts in the tokens that let the first step complete.
+    local_init_op = opt.chief_init_op if is_chief else opt.local_step_init_op
+    chief_queue_runner = opt.get_chief_queue_runner()
+    init_tokens_op = opt.get_init_tokens_op()
+
+    # The chief initializes the variables; the others wait for it, checking
+    # every second instead of Supervisor's default 30.
+    sv = tf.train.Supervisor(is_chief=is_chief,
+                             global_step=global_step,
+                             init_op=tf.global_variables_initializer(),
+                             local_init_op=local_init_op,
+                             ready_for_local_init_op=opt.ready_for_local_init_op,
+                             recovery_wait_secs=1)
+    sess = cluster_utils.supervised_session(sv, server, cluster)
+
+    if is_chief:
+        sv.start_queue_runners(sess, [chief_queue_runner])
+        sess.run(init_tokens_op)
+
+    # SYNC: every worker stops at the same global step, not after its own
+    # epochs: one that left early would leave the others waiting for its
+    # gradients forever. Each update takes one step of every worker, so
+    # that is about --epochs passes of each over the training set.
+    last_step = FLAGS.epochs * (len(mnist.train.images) // FLAGS.batch_size)
+
+    rng = np.random.default_rng(FLAGS.task_index)
+    local_step = 0
+    with cluster_utils.exit_if_cluster_lost(cluster):
+        step = sess.run(global_step)
+        epoch = 0
+        while step < last_step:
+            for batch_x, batch_y in cluster_utils.epoch_batches(
+                    mnist.train, FLAGS.batch_size, rng):
+                # SYNC: train_op yields the global step the update that
+                # freed this worker ended at.
+                step, loss = sess.run(
+                    [train_op, model.loss],
+                    feed_dict={model.x: batch_x, model.y_: batch_y})
+                local_step += 1
+                if step >= last_step:
+                    break
+            else:  # a whole epoch
+                cluster_utils.log_epoch(epoch, step, local_step, loss)
+            epoch += 1
+
+        cluster_utils.log_final_accuracy(sess, model, mnist.test)
+    cluster_utils.close_session(sv, sess)
+
+
+if __name__ == '__main__':
+    app.run(main, flags_parser=cluster_utils.parse_flags)

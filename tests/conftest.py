@@ -1,0 +1,176 @@
+"""Fixtures: free ports, IDX data sets, and tasks run as real processes."""
+
+import gzip
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
+ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
+# TensorFlow's own C++ log lines, which TF_CPP_MIN_LOG_LEVEL cannot silence
+# before its logging is initialized.
+TF_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before)')
+
+
+def own_lines(stderr):
+    """The lines of stderr that our code printed, not TensorFlow's logging."""
+    return [line for line in stderr.splitlines()
+            if line and not TF_LOG_LINE.match(line)]
+
+
+def final_accuracies(output):
+    return {int(w): float(a) for w, a in ACCURACY.findall(output)}
+
+
+@pytest.fixture
+def free_ports():
+    """free_ports(n): n distinct ports that nothing listens on right now."""
+    def take(n):
+        sockets = [socket.socket() for _ in range(n)]
+        for s in sockets:
+            s.bind(('localhost', 0))
+        ports = [s.getsockname()[1] for s in sockets]
+        for s in sockets:
+            s.close()
+        return ports
+    return take
+
+
+def write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + np.array(
+        array.shape, '>u4').tobytes()
+    with gzip.open(path, 'wb') as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_dataset(directory, num_train, num_test, seed=0):
+    """IDX files of 28x28 images whose classes are easy to learn: each class
+    lights its own random set of pixels, on top of noise."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.random((10, 28, 28)) < 0.15
+    for prefix, n in (('train', num_train), ('t10k', num_test)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 100, (n, 28, 28))
+        images[prototypes[labels]] += 150
+        write_idx(os.path.join(directory, prefix + '-images-idx3-ubyte.gz'),
+                  images)
+        write_idx(os.path.join(directory, prefix + '-labels-idx1-ubyte.gz'),
+                  labels)
+    return str(directory)
+
+
+@pytest.fixture(scope='session')
+def small_data(tmp_path_factory):
+    """1,100 training images (100 held out for validation), 500 test."""
+    return write_dataset(tmp_path_factory.mktemp('small_data'), 1100, 500)
+
+
+@pytest.fixture(scope='session')
+def fashion_mnist():
+    if not os.path.exists(os.path.join(FASHION_MNIST,
+                                       'train-images-idx3-ubyte.gz')):
+        pytest.skip('Fashion-MNIST is not installed in %s (Debian package '
+                    'dataset-fashion-mnist)' % FASHION_MNIST)
+    return FASHION_MNIST
+
+
+class Processes:
+    """Processes started for one test, each in its own session so that the
+    test can stop it and whatever it started; all are killed at teardown."""
+
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
+        self.running = []
+
+    def start(self, args, name, **kwargs):
+        log = open(os.path.join(self.log_dir, name + '.log'), 'w+')
+        env = dict(os.environ, PYTHONUNBUFFERED='1')
+        proc = subprocess.Popen(args, cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, **kwargs)
+        proc.log, proc.name = log, name
+        self.running.append(proc)
+        return proc
+
+    def script(self, script, job, index, ps, workers, *flags):
+        """Starts one task of mnist_dist_{script}.py."""
+        return self.start(
+            [sys.executable, 'mnist_dist_%s.py' % script,
+             '--job_name=%s' % job, '--task_index=%d' % index,
+             '--ps=%s' % ','.join('localhost:%d' % p for p in ps),
+             '--worker=%s' % ','.join('localhost:%d' % p for p in workers)]
+            + list(flags), '%s%d' % (job, index))
+
+    def cluster(self, script, free_ports, *flags, num_workers=3,
+                worker_order=None):
+        """1 ps + num_workers workers; returns (ps, workers)."""
+        ports = free_ports(1 + num_workers)
+        ps = self.script(script, 'ps', 0, ports[:1], ports[1:], *flags)
+        workers = [None] * num_workers
+        for i in worker_order or range(num_workers):
+            workers[i] = self.script(script, 'worker', i, ports[:1],
+                                     ports[1:], *flags)
+        return ps, workers
+
+    @staticmethod
+    def output(proc):
+        proc.log.seek(0)
+        return proc.log.read()
+
+    def wait_all(self, procs, timeout):
+        """Waits for every proc; a hang fails the test, naming the laggards."""
+        deadline = time.time() + timeout
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                stuck = [p.name for p in procs if p.poll() is None]
+                pytest.fail('still running after %d s: %s\n%s' % (
+                    timeout, ', '.join(stuck), self.output(proc)[-3000:]))
+
+    def kill_all(self):
+        for proc in self.running:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            proc.log.close()
+
+
+def left_running(proc):
+    """The live processes of proc's session (the launcher's children too)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open('/proc/%s/stat' % pid) as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == proc.pid and state != 'Z':
+            alive.append(int(pid))
+    return alive
+
+
+@pytest.fixture
+def procs(tmp_path):
+    processes = Processes(str(tmp_path))
+    yield processes
+    processes.kill_all()
+
+
+def listening(port):
+    try:
+        with socket.create_connection(('localhost', port), timeout=1):
+            return True
+    except OSError:
+        return False
