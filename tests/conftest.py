@@ -44,6 +44,29 @@ def free_ports():
     return take
 
 
+@pytest.fixture
+def free_port_run(free_ports):
+    """free_port_run(n): the first of n consecutive free ports."""
+    def take(n):
+        for _ in range(100):
+            base = free_ports(1)[0]
+            if base + n < 65536 and all(
+                    not listening(port) and _bindable(port)
+                    for port in range(base, base + n)):
+                return base
+        pytest.fail('no %d consecutive free ports' % n)
+    return take
+
+
+def _bindable(port):
+    with socket.socket() as s:
+        try:
+            s.bind(('localhost', port))
+            return True
+        except OSError:
+            return False
+
+
 def write_idx(path, array):
     header = bytes([0, 0, 0x08, array.ndim]) + np.array(
         array.shape, '>u4').tobytes()
@@ -124,6 +147,19 @@ class Processes:
     def output(proc):
         proc.log.seek(0)
         return proc.log.read()
+
+    def wait_for_output(self, proc, pattern, timeout):
+        """Waits until proc's output matches pattern; returns the match."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            match = re.search(pattern, self.output(proc), re.M)
+            if match:
+                return match
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        pytest.fail('%s never printed %r:\n%s' % (
+            proc.name, pattern, self.output(proc)[-3000:]))
 
     def wait_all(self, procs, timeout):
         """Waits for every proc; a hang fails the test, naming the laggards."""

@@ -1,0 +1,97 @@
+"""launch_local.sh: runs the cluster, reports, and leaves nothing behind."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import final_accuracies, left_running, listening
+
+SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+)$',
+                     re.M)
+
+
+def network_namespaces_work():
+    return subprocess.run(['unshare', '--user', '--map-root-user', '--net',
+                           'true'], capture_output=True).returncode == 0
+
+
+def launch(procs, tmp_path, *args):
+    env_python = ['env', 'PYTHON=' + sys.executable]
+    return procs.start(env_python + ['./launch_local.sh', '-o',
+                                     str(tmp_path / 'run')] + list(args),
+                       'launcher')
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
+                                   small_data, script):
+    base = free_port_run(4)
+    launcher = launch(procs, tmp_path, '-H', '-b', str(base), script,
+                      '--data_dir=' + small_data, '--epochs=3',
+                      '--validation_size=100', '--learning_rate=0.5')
+    procs.wait_all([launcher], 120)
+    output = procs.output(launcher)
+    assert launcher.returncode == 0, output
+    summary = SUMMARY.findall(output)
+    assert [(w, status) for w, status, _ in summary] == [
+        ('0', '0'), ('1', '0'), ('2', '0')]
+    assert all(float(accuracy) > 0.8 for _, _, accuracy in summary), output
+    assert sorted(os.listdir(tmp_path / 'run')) == [
+        'ps0.log', 'worker0.log', 'worker1.log', 'worker2.log']
+    # The training lines were shown as they came, the chatter was not.
+    assert set(final_accuracies(output)) == {0, 1, 2}
+    assert 'oneDNN' not in output
+    assert left_running(launcher) == []
+    assert not any(listening(port) for port in range(base, base + 4))
+
+
+def test_launcher_reports_failure(procs, tmp_path, free_port_run):
+    base = free_port_run(3)
+    launcher = launch(procs, tmp_path, '-H', '-b', str(base), '-n', '2',
+                      'async', '--data_dir=' + str(tmp_path / 'nothing'),
+                      '--startup_timeout=5')
+    procs.wait_all([launcher], 90)
+    output = procs.output(launcher)
+    assert launcher.returncode == 1, output
+    assert SUMMARY.findall(output) == [('0', '1', 'none'), ('1', '1', 'none')]
+    assert 'worker0.log' in os.listdir(tmp_path / 'run')
+    assert left_running(launcher) == []
+    assert not any(listening(port) for port in range(base, base + 3))
+
+
+@pytest.mark.parametrize('host_network', [True, False])
+def test_ctrl_c_stops_every_task(procs, tmp_path, free_port_run, small_data,
+                                 host_network):
+    if not host_network and not network_namespaces_work():
+        pytest.skip('unshare cannot make a network namespace here')
+    base = free_port_run(4)
+    launcher = launch(procs, tmp_path, *(['-H'] if host_network else []),
+                      '-b', str(base), 'async', '--data_dir=' + small_data,
+                      '--epochs=1000', '--print_every_epochs=1',
+                      '--validation_size=100')
+    procs.wait_for_output(launcher, r'^worker=2,epoch=', 60)
+    # In its own network namespace the cluster cannot be reached from here.
+    assert listening(base) == host_network
+    os.kill(launcher.pid, signal.SIGINT)
+    procs.wait_all([launcher], 20)
+    assert launcher.returncode == 130, procs.output(launcher)
+    assert 'interrupted, stopping every task' in procs.output(launcher)
+    assert left_running(launcher) == []
+    assert not any(listening(port) for port in range(base, base + 4))
+
+
+@pytest.mark.parametrize('args, message', [
+    ([], 'usage:'),
+    (['train'], 'usage:'),
+    (['-n', '0', 'async'], "'0' is not a positive number"),
+    (['-b', '65534', 'async'], 'ports 65534-65537 do not exist'),
+])
+def test_launcher_usage_errors(procs, tmp_path, args, message):
+    launcher = launch(procs, tmp_path, *args)
+    procs.wait_all([launcher], 10)
+    assert launcher.returncode == 2
+    assert message in procs.output(launcher)
