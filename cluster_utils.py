@@ -136,10 +136,8 @@ def start_server(cluster):
 
 def session_config(cluster):
     if FLAGS.job_name == 'ps':
-        # The ps never computes, and its own session must not dial the
-        # workers: a worker not up yet would leave a broken channel behind.
-        return tf.ConfigProto(device_count={'GPU': 0},
-                              device_filters=[task_name()])
+        # The ps only holds the variables: keep it off the GPUs.
+        return tf.ConfigProto(device_count={'GPU': 0})
     # Without the filter a worker's session waits for every other worker.
     return tf.ConfigProto(
         allow_soft_placement=True,

@@ -38,10 +38,11 @@ def main(_):
 
     # The chief initializes the variables; the others wait for it, checking
     # every second instead of Supervisor's default 30.
-    sv = tf.train.Supervisor(is_chief=is_chief,
-                             global_step=global_step,
-                             init_op=tf.global_variables_initializer(),
-                             recovery_wait_secs=1)
+    sv = tf.train.Supervisor(
+        is_chief=is_chief,
+        global_step=global_step,
+        init_op=tf.global_variables_initializer(),
+        recovery_wait_secs=1)
     sess = cluster_utils.supervised_session(sv, server, cluster)
 
     rng = np.random.default_rng(FLAGS.task_index)

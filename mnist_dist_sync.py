@@ -49,23 +49,24 @@ def main(_):
         train_op = opt.minimize(model.loss, global_step=global_step)
 
     # SYNC: once the shared variables are initialized, the chief sets up the
-    # gradient accumulators and each other worker its local step. The chief
-    # then runs the queue runner that applies the aggregated gradients, and
-    # puts in the tokens that let the first step complete.
+    # gradient accumulators, each other worker its local step.
     local_init_op = opt.chief_init_op if is_chief else opt.local_step_init_op
     chief_queue_runner = opt.get_chief_queue_runner()
     init_tokens_op = opt.get_init_tokens_op()
 
     # The chief initializes the variables; the others wait for it, checking
     # every second instead of Supervisor's default 30.
-    sv = tf.train.Supervisor(is_chief=is_chief,
-                             global_step=global_step,
-                             init_op=tf.global_variables_initializer(),
-                             local_init_op=local_init_op,
-                             ready_for_local_init_op=opt.ready_for_local_init_op,
-                             recovery_wait_secs=1)
+    sv = tf.train.Supervisor(
+        is_chief=is_chief,
+        global_step=global_step,
+        init_op=tf.global_variables_initializer(),
+        local_init_op=local_init_op,
+        ready_for_local_init_op=opt.ready_for_local_init_op,
+        recovery_wait_secs=1)
     sess = cluster_utils.supervised_session(sv, server, cluster)
 
+    # SYNC: the chief runs the queue runner that applies the aggregated
+    # gradients, and puts in the tokens that let the first step complete.
     if is_chief:
         sv.start_queue_runners(sess, [chief_queue_runner])
         sess.run(init_tokens_op)
@@ -79,7 +80,7 @@ def main(_):
     rng = np.random.default_rng(FLAGS.task_index)
     local_step = 0
     with cluster_utils.exit_if_cluster_lost(cluster):
-        step = sess.run(global_step)
+        step = sess.run(global_step)  # SYNC: a latecomer may find it done
         epoch = 0
         while step < last_step:
             for batch_x, batch_y in cluster_utils.epoch_batches(
