@@ -54,6 +54,10 @@ flags.DEFINE_integer('print_every_epochs', 10,
 flags.DEFINE_float('gpu_memory_fraction', 0.2,
                    'Share of a GPU\'s memory each worker may take, so that '
                    'several workers fit on one GPU.')
+flags.DEFINE_string('logdir', None,
+                    'Where the chief writes summaries for TensorBoard and '
+                    'checkpoints; a run with the same logdir resumes from '
+                    'the last checkpoint. Nothing is written without it.')
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
 flags.mark_flag_as_required('job_name')
@@ -296,19 +300,66 @@ def softmax_regression():
     return Model(x, y_, loss, tf.reduce_mean(tf.cast(correct, tf.float32)))
 
 
-def log_epoch(epoch, global_step, local_step, loss):
-    if (epoch + 1) % FLAGS.print_every_epochs == 0:
+class TrainingLog:
+    """What a worker prints as it trains, and what the chief writes for
+    TensorBoard when there is a --logdir."""
+
+    SUMMARY_EVERY_STEPS = 50
+    PROGRESS_EVERY_SECS = 10
+
+    def __init__(self, sv, sess, model, mnist, global_step):
+        self.sv, self.sess, self.model, self.mnist = sv, sess, model, mnist
+        self.writing = sv.summary_writer is not None
+        self.first_step = global_step
+        self.started = self.last_progress = time.time()
+        self.local_step = 0
+        print('worker=%d, starting at global_step=%d'
+              % (FLAGS.task_index, global_step), flush=True)
+
+    def step(self, global_step, loss):
+        """After each training step."""
+        self.local_step += 1
+        if self.writing and self.local_step % self.SUMMARY_EVERY_STEPS == 0:
+            self._summary(global_step, loss=loss)
+        if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
+            self.last_progress = time.time()
+            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
+                  % (FLAGS.task_index, global_step, self.local_step,
+                     self.local_step / (self.last_progress - self.started)),
+                  flush=True)
+
+    def epoch(self, epoch, global_step, loss):
+        """After each whole epoch: the book's line."""
+        if (epoch + 1) % FLAGS.print_every_epochs:
+            return
         print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
-              % (FLAGS.task_index, epoch, global_step, local_step, float(loss)),
-              flush=True)
+              % (FLAGS.task_index, epoch, global_step, self.local_step,
+                 float(loss)), flush=True)
+        if self.writing:
+            self._summary(global_step, validation_accuracy=self._accuracy(
+                self.mnist.validation))
 
+    def final(self, global_step):
+        """Test accuracy, and how long and fast this worker trained."""
+        seconds = time.time() - self.started
+        accuracy = self._accuracy(self.mnist.test)
+        print('worker=%d, final accuracy = %s'
+              % (FLAGS.task_index, float(accuracy)), flush=True)
+        print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
+              'steps_per_sec=%.1f' % (FLAGS.task_index, self.local_step,
+                                      global_step, seconds,
+                                      self.local_step / seconds), flush=True)
+        if self.writing:
+            self._summary(global_step, test_accuracy=accuracy)
 
-def log_final_accuracy(sess, model, split):
-    accuracy = sess.run(model.accuracy,
-                        feed_dict={model.x: split.images,
-                                   model.y_: split.labels})
-    print('worker=%d, final accuracy = %s' % (FLAGS.task_index, float(accuracy)),
-          flush=True)
+    def _accuracy(self, split):
+        return self.sess.run(self.model.accuracy, feed_dict={
+            self.model.x: split.images, self.model.y_: split.labels})
+
+    def _summary(self, global_step, **values):
+        self.sv.summary_computed(self.sess, tf.Summary(value=[
+            tf.Summary.Value(tag=tag, simple_value=value)
+            for tag, value in values.items()]), global_step=global_step)
 
 
 # ---------------------------------------------------------------- liveness
@@ -358,6 +409,8 @@ def close_session(sv, sess):
     cancels what they are blocked in, such as the sync chief's wait for
     gradients that no worker will send any more; only then can they be joined.
     """
+    if sv.save_path:  # the chief, with a --logdir: a last checkpoint
+        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
     sv.request_stop()
     sess.close()
     sv.stop()

@@ -4,6 +4,8 @@
 # process each, with one log per task in RUN_DIR. Prints each worker's final
 # accuracy; exits 0 if every task did, 1 if any failed, 130 if interrupted.
 # Every process it started is gone when it returns, whichever way.
+# `compare` runs async, then sync, with the same flags and a --logdir each,
+# and compares them with compare.py.
 #
 # By default the cluster runs in a private network namespace with only a
 # loopback device: TensorFlow's server has no authentication and listens on
@@ -13,7 +15,7 @@ set -u
 
 usage() {
   echo "usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-H]" \
-       "{async|sync} [script flags...]" >&2
+       "{async|sync|compare} [script flags...]" >&2
   exit 2
 }
 
@@ -30,7 +32,7 @@ while getopts 'n:p:b:o:Hh' opt; do
   esac
 done
 shift $((OPTIND - 1))
-[[ $# -ge 1 && ($1 == async || $1 == sync) ]] || usage
+[[ $# -ge 1 && $1 =~ ^(async|sync|compare)$ ]] || usage
 mode=$1
 shift
 for n in "$num_workers" "$num_ps" "$base_port"; do
@@ -62,6 +64,20 @@ host_list() {  # FIRST_PORT COUNT
 }
 ps_hosts=$(host_list "$base_port" "$num_ps")
 worker_hosts=$(host_list $((base_port + num_ps)) "$num_workers")
+
+if [[ $mode == compare ]]; then
+  failed=0
+  for m in async sync; do
+    # Already in the namespace, or on the host network by choice: -H.
+    "$0" -H -n "$num_workers" -p "$num_ps" -b "$base_port" -o "$run_dir/$m" \
+      "$m" --logdir="$run_dir/$m/logdir" "$@"
+    status=$?
+    ((status == 130)) && exit 130
+    ((status == 0)) || failed=1
+  done
+  "$python" "$here/compare.py" "$run_dir" || failed=1
+  exit $failed
+fi
 
 ps_pids=() worker_pids=()
 start_task() {  # JOB INDEX [flags...]

@@ -36,28 +36,38 @@ def main(_):
         opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         train_op = opt.minimize(model.loss, global_step=global_step)
 
-    # The chief initializes the variables; the others wait for it, checking
-    # every second instead of Supervisor's default 30.
+    # The chief initializes the variables, or restores them from the last
+    # checkpoint in --logdir, and saves them there every minute; the others
+    # wait for it, checking every second instead of Supervisor's default 30.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
+        logdir=FLAGS.logdir,
         global_step=global_step,
         init_op=tf.global_variables_initializer(),
-        recovery_wait_secs=1)
+        recovery_wait_secs=1,
+        save_model_secs=60)
     sess = cluster_utils.supervised_session(sv, server, cluster)
 
+    # Global steps count the steps of all workers. A run resumed from a
+    # checkpoint in --logdir ends where the whole run would have.
+    steps_per_epoch = len(mnist.train.images) // FLAGS.batch_size
+    last_step = FLAGS.epochs * steps_per_epoch * cluster.num_tasks('worker')
+
     rng = np.random.default_rng(FLAGS.task_index)
-    local_step = 0
     with cluster_utils.exit_if_cluster_lost(cluster):
+        step = sess.run(global_step)
+        log = cluster_utils.TrainingLog(sv, sess, model, mnist, step)
         for epoch in range(FLAGS.epochs):
+            if step >= last_step:
+                break
             for batch_x, batch_y in cluster_utils.epoch_batches(
                     mnist.train, FLAGS.batch_size, rng):
                 _, loss, step = sess.run(
                     [train_op, model.loss, global_step],
                     feed_dict={model.x: batch_x, model.y_: batch_y})
-                local_step += 1
-            cluster_utils.log_epoch(epoch, step, local_step, loss)
-
-        cluster_utils.log_final_accuracy(sess, model, mnist.test)
+                log.step(step, loss)
+            log.epoch(epoch, step, loss)
+        log.final(step)
     cluster_utils.close_session(sv, sess)
 
 

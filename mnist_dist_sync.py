@@ -54,15 +54,18 @@ def main(_):
     chief_queue_runner = opt.get_chief_queue_runner()
     init_tokens_op = opt.get_init_tokens_op()
 
-    # The chief initializes the variables; the others wait for it, checking
-    # every second instead of Supervisor's default 30.
+    # The chief initializes the variables, or restores them from the last
+    # checkpoint in --logdir, and saves them there every minute; the others
+    # wait for it, checking every second instead of Supervisor's default 30.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
+        logdir=FLAGS.logdir,
         global_step=global_step,
         init_op=tf.global_variables_initializer(),
         local_init_op=local_init_op,
         ready_for_local_init_op=opt.ready_for_local_init_op,
-        recovery_wait_secs=1)
+        recovery_wait_secs=1,
+        save_model_secs=60)
     sess = cluster_utils.supervised_session(sv, server, cluster)
 
     # SYNC: the chief runs the queue runner that applies the aggregated
@@ -78,9 +81,9 @@ def main(_):
     last_step = FLAGS.epochs * (len(mnist.train.images) // FLAGS.batch_size)
 
     rng = np.random.default_rng(FLAGS.task_index)
-    local_step = 0
     with cluster_utils.exit_if_cluster_lost(cluster):
         step = sess.run(global_step)  # SYNC: a latecomer may find it done
+        log = cluster_utils.TrainingLog(sv, sess, model, mnist, step)
         epoch = 0
         while step < last_step:
             for batch_x, batch_y in cluster_utils.epoch_batches(
@@ -90,14 +93,13 @@ def main(_):
                 step, loss = sess.run(
                     [train_op, model.loss],
                     feed_dict={model.x: batch_x, model.y_: batch_y})
-                local_step += 1
+                log.step(step, loss)
                 if step >= last_step:
                     break
             else:  # a whole epoch
-                cluster_utils.log_epoch(epoch, step, local_step, loss)
+                log.epoch(epoch, step, loss)
             epoch += 1
-
-        cluster_utils.log_final_accuracy(sess, model, mnist.test)
+        log.final(step)
     cluster_utils.close_session(sv, sess)
 
 

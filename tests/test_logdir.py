@@ -1,0 +1,135 @@
+"""--logdir: TensorBoard events, checkpoints, resuming, a restarted chief,
+and the comparison of an async with a sync run."""
+
+import glob
+import os
+import re
+import signal
+import sys
+
+import pytest
+
+from conftest import final_accuracies, left_running
+from test_failures import assert_clean_exit
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+STARTING = re.compile(r'^worker=(\d+), starting at global_step=(\d+)$', re.M)
+TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
+                    r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
+                    re.M)
+
+
+def events(logdir):
+    """{tag: [global steps]} of the scalars in logdir's event files."""
+    tags = {}
+    for path in glob.glob(os.path.join(logdir, 'events.out.*')):
+        for event in tf.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append(event.step)
+    return tags
+
+
+def run(procs, free_ports, script, *flags, timeout=120):
+    ps, workers = procs.cluster(script, free_ports, *flags)
+    procs.wait_all(workers + [ps], timeout)
+    outputs = [assert_clean_exit(procs, p, 0) for p in workers + [ps]]
+    return outputs[:-1]
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
+                                          tmp_path, script):
+    logdir = str(tmp_path / 'logdir')
+    flags = ['--data_dir=' + small_data, '--validation_size=100',
+             '--print_every_epochs=2', '--learning_rate=0.5',
+             '--logdir=' + logdir]
+    outputs = run(procs, free_ports, script, '--epochs=6', *flags)
+    local_steps = []
+    for i, output in enumerate(outputs):
+        timing = TIMING.findall(output)
+        assert [int(w) for w, *_ in timing] == [i]
+        local_steps.append(int(timing[0][1]))
+    if script == 'async':
+        assert local_steps == [60, 60, 60]
+    else:  # 60 updates of 3 gradients each; a latecomer may find it done
+        assert sum(local_steps) >= 180
+
+    tags = events(logdir)
+    # The chief writes validation accuracy with each of its epoch lines:
+    # epochs 1, 3 and 5 in async runs; in sync runs it may do more or fewer
+    # epochs than the others.
+    epoch_lines = re.findall(r'^worker=0,epoch=', outputs[0], re.M)
+    assert len(tags['validation_accuracy']) == len(epoch_lines) > 0
+    if script == 'async':
+        assert len(epoch_lines) == 3
+    assert len(tags['test_accuracy']) == 1
+    assert tags['loss'] and all(s > 0 for s in tags['loss'])
+    assert tags['validation_accuracy'] == sorted(tags['validation_accuracy'])
+    saved = tf.train.latest_checkpoint(logdir)
+    assert saved
+    saved_step = int(saved.rsplit('-', 1)[1])
+    assert saved_step >= tags['test_accuracy'][0] > 0
+
+    # The same cluster again, to 9 epochs: it goes on from the checkpoint.
+    outputs = run(procs, free_ports, script, '--epochs=9', *flags)
+    assert STARTING.findall(outputs[0]) == [('0', str(saved_step))]
+    final_step = max(int(TIMING.findall(o)[0][2]) for o in outputs)
+    if script == 'sync':
+        assert final_step == 90
+    else:
+        # Each worker stops at the start of an epoch (10 steps) once the
+        # global step has reached 3 x 90; the step is read beside the
+        # update, so it may lag by one.
+        assert 269 <= final_step <= 270 + 3 * 10
+    assert tf.train.latest_checkpoint(logdir) != saved
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
+                                           tmp_path, script):
+    flags = ['--data_dir=' + small_data, '--validation_size=100',
+             '--print_every_epochs=1', '--epochs=150',
+             '--logdir=' + str(tmp_path / 'logdir')]
+    ports = free_ports(4)
+    ps, workers = procs.cluster(script, lambda n: ports, *flags)
+    procs.wait_for_output(workers[0], r'^worker=0,epoch=2,', 60)
+    os.kill(workers[0].pid, signal.SIGKILL)
+    workers[0].wait()
+    chief = procs.script(script, 'worker', 0, ports[:1], ports[1:], *flags)
+    procs.wait_all([chief] + workers[1:] + [ps], 180)
+    for i, worker in enumerate([chief] + workers[1:]):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert_clean_exit(procs, ps, 0)
+    assert STARTING.search(procs.output(chief))
+
+
+def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
+    import matplotlib.image
+    run_dir = tmp_path / 'run'
+    launcher = procs.start(
+        ['env', 'PYTHON=' + sys.executable, './launch_local.sh', '-H', '-b',
+         str(free_port_run(4)), '-o', str(run_dir), 'compare',
+         '--data_dir=' + small_data, '--validation_size=100', '--epochs=6',
+         '--print_every_epochs=2', '--learning_rate=0.5'], 'launcher')
+    procs.wait_all([launcher], 240)
+    output = assert_clean_exit(procs, launcher, 0)
+    assert left_running(launcher) == []
+    rows = re.findall(r'^\| (\d|all) \| (.*) \|$', output, re.M)
+    assert [name for name, _ in rows] == ['0', '1', '2', 'all']
+    table = {name: cells.split(' | ') for name, cells in rows}
+    for cells in table.values():
+        assert len(cells) == 8
+        assert float(cells[0]) > 0.9 and float(cells[4]) > 0.9  # accuracy
+    # A sync worker that starts late may find the run done: 0 steps/s.
+    assert float(table['all'][3]) > 0 and float(table['all'][7]) > 0
+    # The table says what each worker's log says.
+    for column, mode in ((0, 'async'), (4, 'sync')):
+        for w in range(3):
+            log = (run_dir / mode / ('worker%d.log' % w)).read_text()
+            assert table[str(w)][column] == '%.4f' % final_accuracies(log)[w]
+            assert table[str(w)][column + 1] == TIMING.findall(log)[0][2]
+        assert os.path.exists(run_dir / mode / 'logdir' / 'checkpoint')
+    image = matplotlib.image.imread(str(run_dir / 'comparison.png'))
+    assert image.shape[0] > 300 and image.shape[1] > 300
