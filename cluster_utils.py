@@ -34,13 +34,23 @@ flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'Role of this task.')
 flags.DEFINE_integer('task_index', 0, 'Index of this task within its job.',
                      lower_bound=0)
 flags.DEFINE_string('ps', 'localhost:9001',
-                    'Comma-separated host:port list of the ps tasks.')
+                    'Comma-separated host:port list of the ps tasks. Without '
+                    '--ps and --worker the cluster comes from TF_CONFIG, '
+                    'else from Slurm under srun, else from their defaults.')
 flags.DEFINE_string('worker', 'localhost:9002,localhost:9003,localhost:9004',
                     'Comma-separated host:port list of the worker tasks.')
+flags.DEFINE_integer('num_ps', 1, 'Under Slurm: how many of its tasks are ps '
+                     'tasks (the first ones).', lower_bound=1)
+flags.DEFINE_integer('slurm_port_base', 8888,
+                     'Under Slurm: the port of the first task on each node.',
+                     lower_bound=1)
 flags.DEFINE_string('data_dir',
                     os.path.join(os.path.expanduser('~'), '.cache', 'mnist'),
                     'Directory with the four MNIST IDX .gz files; missing '
                     'ones are downloaded into it.')
+flags.DEFINE_bool('shard_data', False,
+                  'Each worker walks its own 1/N of the training set each '
+                  'epoch, instead of all of it as in the book.')
 flags.DEFINE_integer('validation_size', 5000,
                      'Training images held out for validation.', lower_bound=0)
 flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
@@ -58,9 +68,11 @@ flags.DEFINE_string('logdir', None,
                     'Where the chief writes summaries for TensorBoard and '
                     'checkpoints; a run with the same logdir resumes from '
                     'the last checkpoint. Nothing is written without it.')
+flags.DEFINE_integer('step_delay_ms', 0,
+                     'Sleep this long after each step: a straggler on '
+                     'purpose, for bench.py.', lower_bound=0)
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
-flags.mark_flag_as_required('job_name')
 flags.register_validator('learning_rate', lambda v: v > 0,
                          'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
@@ -80,25 +92,18 @@ def parse_host_list(value):
     return hosts
 
 
-@flags.multi_flags_validator(
-    ['ps', 'worker', 'job_name', 'task_index'],
-    message='the cluster flags do not fit together')
-def _check_cluster_flags(values):
-    jobs = {}
+@flags.multi_flags_validator(['ps', 'worker'],
+                             message='the cluster flags do not fit together')
+def _check_host_lists(values):
+    hosts = []
     for job in ('ps', 'worker'):
         try:
-            jobs[job] = parse_host_list(values[job])
+            hosts += parse_host_list(values[job])
         except ValueError as e:
             raise flags.ValidationError('--%s: %s' % (job, e))
-    all_hosts = jobs['ps'] + jobs['worker']
-    for host in all_hosts:
-        if all_hosts.count(host) > 1:
+    for host in hosts:
+        if hosts.count(host) > 1:
             raise flags.ValidationError('%s is given to two tasks' % host)
-    job = values['job_name']
-    if job and values['task_index'] >= len(jobs[job]):
-        raise flags.ValidationError(
-            '--task_index=%d, but --%s lists only %d task(s)'
-            % (values['task_index'], job, len(jobs[job])))
     return True
 
 
@@ -107,9 +112,13 @@ def parse_flags(argv):
     try:
         return FLAGS(argv)
     except flags.Error as e:
-        print('%s: error: %s' % (os.path.basename(argv[0]), e),
-              file=sys.stderr)
-        sys.exit(2)
+        usage_error(e)
+
+
+def usage_error(message):
+    print('%s: error: %s' % (os.path.basename(sys.argv[0]), message),
+          file=sys.stderr)
+    sys.exit(2)
 
 
 def fail(message):
@@ -123,8 +132,73 @@ def task_name():
 
 
 def cluster_spec_from_flags():
-    return tf.train.ClusterSpec({'ps': parse_host_list(FLAGS.ps),
-                                 'worker': parse_host_list(FLAGS.worker)})
+    """The cluster, and this task's place in it, from the first of: --ps and
+    --worker; TF_CONFIG (how Kubeflow's TFJob and managed services describe
+    it); Slurm's variables under srun; the defaults of --ps and --worker."""
+    given = FLAGS['ps'].present or FLAGS['worker'].present
+    sources = [name for name, present in (
+        ('--ps/--worker', given), ('TF_CONFIG', 'TF_CONFIG' in os.environ),
+        ('Slurm', 'SLURM_PROCID' in os.environ)) if present]
+    if given and len(sources) > 1:
+        usage_error('both %s describe the cluster: give one'
+                    % ' and '.join(sources))
+    source = sources[0] if sources else 'the defaults of --ps/--worker'
+    if source == 'TF_CONFIG':
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    elif source == 'Slurm':
+        resolver = _slurm_resolver()
+    if source in ('TF_CONFIG', 'Slurm'):
+        try:
+            cluster = resolver.cluster_spec()
+        except (ValueError, RuntimeError) as e:
+            usage_error('%s: %s' % (source, e))
+        _take_task_from(source, resolver.task_type, resolver.task_id)
+    else:
+        cluster = tf.train.ClusterSpec({'ps': parse_host_list(FLAGS.ps),
+                                        'worker': parse_host_list(FLAGS.worker)})
+    if sorted(cluster.jobs) != ['ps', 'worker']:
+        usage_error('%s: the cluster needs jobs ps and worker (worker 0 is the '
+                    'chief), not %s' % (source, ', '.join(sorted(cluster.jobs))))
+    if FLAGS.job_name is None:
+        usage_error('--job_name is required: ps or worker')
+    tasks = cluster.num_tasks(FLAGS.job_name)
+    if FLAGS.task_index >= tasks:
+        usage_error('--task_index=%d, but %s lists only %d %s task(s)'
+                    % (FLAGS.task_index, source, tasks, FLAGS.job_name))
+    print('%s: cluster from %s: ps %s, workers %s'
+          % (task_name(), source, ','.join(cluster.job_tasks('ps')),
+             ','.join(cluster.job_tasks('worker'))), flush=True)
+    return cluster
+
+
+def _take_task_from(source, job_name, task_index):
+    """This task's job and index as the source says, unless given as flags,
+    which must then agree."""
+    for name, value in (('job_name', job_name), ('task_index', task_index)):
+        if FLAGS[name].present and FLAGS[name].value != value:
+            usage_error('--%s=%s, but %s says %s'
+                        % (name, FLAGS[name].value, source, value))
+        if value is not None:
+            setattr(FLAGS, name, value)
+
+
+def _slurm_resolver():
+    """TensorFlow's resolver for the tasks of this srun: the first --num_ps
+    are the ps, the rest the workers."""
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
+    num_tasks = int(os.environ.get('SLURM_STEP_NUM_TASKS',
+                                   os.environ.get('SLURM_NTASKS', 0)))
+    jobs = {'ps': FLAGS.num_ps, 'worker': num_tasks - FLAGS.num_ps}
+    try:
+        if tf.config.experimental.list_physical_devices('GPU'):
+            return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base)
+        # It hands out ports by GPU: on a node without one, give it a
+        # slot per task, and keep it from setting CUDA_VISIBLE_DEVICES.
+        return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base,
+                        gpus_per_node=num_tasks, gpus_per_task=1,
+                        auto_set_gpu=False)
+    except (KeyError, ValueError, RuntimeError) as e:
+        usage_error('Slurm: %s' % e)
 
 
 def start_server(cluster):
@@ -262,12 +336,18 @@ def read_data_sets(data_dir, validation_size):
         test=read_split(data_dir, 't10k'))
 
 
-def load_mnist():
-    """The data sets of --data_dir, or the end of this task saying why not."""
+def load_mnist(cluster):
+    """The data sets of --data_dir, or the end of this task saying why not.
+    With --shard_data, this worker's own slice of the training set."""
     try:
         mnist = read_data_sets(FLAGS.data_dir, FLAGS.validation_size)
     except DataError as e:
         fail(e)
+    if FLAGS.shard_data:
+        num_workers = cluster.num_tasks('worker')
+        mnist = mnist._replace(train=Split(
+            mnist.train.images[FLAGS.task_index::num_workers],
+            mnist.train.labels[FLAGS.task_index::num_workers]))
     if len(mnist.train.images) < FLAGS.batch_size:
         fail('%d training images are fewer than --batch_size=%d'
              % (len(mnist.train.images), FLAGS.batch_size))
@@ -319,6 +399,8 @@ class TrainingLog:
     def step(self, global_step, loss):
         """After each training step."""
         self.local_step += 1
+        if FLAGS.step_delay_ms:
+            time.sleep(FLAGS.step_delay_ms / 1000)
         if self.writing and self.local_step % self.SUMMARY_EVERY_STEPS == 0:
             self._summary(global_step, loss=loss)
         if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
@@ -336,8 +418,10 @@ class TrainingLog:
               % (FLAGS.task_index, epoch, global_step, self.local_step,
                  float(loss)), flush=True)
         if self.writing:
-            self._summary(global_step, validation_accuracy=self._accuracy(
-                self.mnist.validation))
+            self._summary(
+                global_step,
+                validation_accuracy=self._accuracy(self.mnist.validation),
+                test_accuracy=self._accuracy(self.mnist.test))
 
     def final(self, global_step):
         """Test accuracy, and how long and fast this worker trained."""
@@ -416,6 +500,17 @@ def close_session(sv, sess):
     sv.stop()
 
 
+def leave():
+    """Ends this task at once, with status 0, once all is said and closed.
+
+    TensorFlow cannot stop its gRPC server, and tearing the interpreter down
+    around it takes a second or more for nothing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 @contextlib.contextmanager
 def exit_if_cluster_lost(cluster):
     """Ends this worker with a one-line error when a ps task goes away.
@@ -464,4 +559,4 @@ def serve_until_workers_gone(cluster):
             i = min(never_up)
             fail('/job:worker/task:%d (%s) did not come up within %g s'
                  % (i, workers[i], FLAGS.startup_timeout))
-        time.sleep(0.5)
+        time.sleep(0.2)

@@ -22,12 +22,14 @@ def main(_):
 
     if FLAGS.job_name == 'ps':
         cluster_utils.serve_until_workers_gone(cluster)
-        return
+        cluster_utils.leave()
 
-    mnist = cluster_utils.load_mnist()
+    mnist = cluster_utils.load_mnist(cluster)
     is_chief = FLAGS.task_index == 0
 
     # Variables go to the ps tasks, the computation stays on this worker.
+    # They are spread round robin over the ps tasks, so with two or more, w,
+    # by far the biggest, has a ps of its own; by size would place it alike.
     with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
@@ -69,6 +71,7 @@ def main(_):
             log.epoch(epoch, step, loss)
         log.final(step)
     cluster_utils.close_session(sv, sess)
+    cluster_utils.leave()
 
 
 if __name__ == '__main__':

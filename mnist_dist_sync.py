@@ -27,12 +27,14 @@ def main(_):
 
     if FLAGS.job_name == 'ps':
         cluster_utils.serve_until_workers_gone(cluster)
-        return
+        cluster_utils.leave()
 
-    mnist = cluster_utils.load_mnist()
+    mnist = cluster_utils.load_mnist(cluster)
     is_chief = FLAGS.task_index == 0
 
     # Variables go to the ps tasks, the computation stays on this worker.
+    # They are spread round robin over the ps tasks, so with two or more, w,
+    # by far the biggest, has a ps of its own; by size would place it alike.
     with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
@@ -47,12 +49,21 @@ def main(_):
             opt, replicas_to_aggregate=replicas,
             total_num_replicas=num_workers)
         train_op = opt.minimize(model.loss, global_step=global_step)
+        # SYNC: the global step once this worker's step is over, read on the
+        # ps after the token that freed it was taken; the token's own value,
+        # and a read beside the step, may lag one update behind, and a worker
+        # that missed the last update would wait for the next forever.
+        with tf.device(global_step.device), \
+                tf.control_dependencies([train_op]):
+            step_after = global_step.read_value()
 
     # SYNC: once the shared variables are initialized, the chief sets up the
     # gradient accumulators, each other worker its local step.
     local_init_op = opt.chief_init_op if is_chief else opt.local_step_init_op
     chief_queue_runner = opt.get_chief_queue_runner()
     init_tokens_op = opt.get_init_tokens_op()
+    # SYNC: tokens a worker leaves when done, for any other still waiting.
+    release_tokens_op = opt.get_init_tokens_op(num_tokens=num_workers)
 
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir, and saves them there every minute; the others
@@ -88,10 +99,8 @@ def main(_):
         while step < last_step:
             for batch_x, batch_y in cluster_utils.epoch_batches(
                     mnist.train, FLAGS.batch_size, rng):
-                # SYNC: train_op yields the global step the update that
-                # freed this worker ended at.
                 step, loss = sess.run(
-                    [train_op, model.loss],
+                    [step_after, model.loss],
                     feed_dict={model.x: batch_x, model.y_: batch_y})
                 log.step(step, loss)
                 if step >= last_step:
@@ -99,8 +108,10 @@ def main(_):
             else:  # a whole epoch
                 log.epoch(epoch, step, loss)
             epoch += 1
+        sess.run(release_tokens_op)
         log.final(step)
     cluster_utils.close_session(sv, sess)
+    cluster_utils.leave()
 
 
 if __name__ == '__main__':

@@ -113,13 +113,13 @@ class Processes:
         self.log_dir = log_dir
         self.running = []
 
-    def start(self, args, name, **kwargs):
+    def start(self, args, name, env=None):
         log = open(os.path.join(self.log_dir, name + '.log'), 'w+')
-        env = dict(os.environ, PYTHONUNBUFFERED='1')
-        proc = subprocess.Popen(args, cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, **kwargs)
-        proc.log, proc.name = log, name
+        err = open(os.path.join(self.log_dir, name + '.err'), 'w+')
+        env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=err,
+                                env=env, start_new_session=True)
+        proc.log, proc.err, proc.name = log, err, name
         self.running.append(proc)
         return proc
 
@@ -132,21 +132,31 @@ class Processes:
              '--worker=%s' % ','.join('localhost:%d' % p for p in workers)]
             + list(flags), '%s%d' % (job, index))
 
-    def cluster(self, script, free_ports, *flags, num_workers=3,
-                worker_order=None):
-        """1 ps + num_workers workers; returns (ps, workers)."""
-        ports = free_ports(1 + num_workers)
-        ps = self.script(script, 'ps', 0, ports[:1], ports[1:], *flags)
-        workers = [None] * num_workers
-        for i in worker_order or range(num_workers):
-            workers[i] = self.script(script, 'worker', i, ports[:1],
-                                     ports[1:], *flags)
-        return ps, workers
+    def cluster(self, script, free_ports, *flags, num_workers=3, num_ps=1):
+        """num_ps ps + num_workers workers; returns (ps, workers), or
+        (list of ps, workers) with more than one ps."""
+        ports = free_ports(num_ps + num_workers)
+        ps_ports, worker_ports = ports[:num_ps], ports[num_ps:]
+        ps = [self.script(script, 'ps', i, ps_ports, worker_ports, *flags)
+              for i in range(num_ps)]
+        workers = [self.script(script, 'worker', i, ps_ports, worker_ports,
+                               *flags) for i in range(num_workers)]
+        return (ps[0] if num_ps == 1 else ps), workers
 
     @staticmethod
     def output(proc):
+        """What proc printed: its stdout, then its stderr."""
+        return Processes.stdout(proc) + Processes.stderr(proc)
+
+    @staticmethod
+    def stdout(proc):
         proc.log.seek(0)
         return proc.log.read()
+
+    @staticmethod
+    def stderr(proc):
+        proc.err.seek(0)
+        return proc.err.read()
 
     def wait_for_output(self, proc, pattern, timeout):
         """Waits until proc's output matches pattern; returns the match."""
@@ -180,6 +190,7 @@ class Processes:
                 pass
             proc.wait()
             proc.log.close()
+            proc.err.close()
 
 
 def left_running(proc):

@@ -28,7 +28,7 @@ def assert_one_error_line(procs, proc, status, *words):
     """Exit status, one line of our own on stderr naming the problem, no
     traceback, nothing left running."""
     output = assert_clean_exit(procs, proc, status)
-    lines = own_lines(output)
+    lines = own_lines(procs.stderr(proc))
     assert len(lines) == 1, output
     assert ': error: ' in lines[0]
     for word in words:
@@ -95,7 +95,8 @@ def test_lost_ps_ends_every_worker(procs, free_ports, small_data, script):
     procs.wait_all(workers, 30)
     for i, worker in enumerate(workers):
         # TensorFlow logs the broken connection too; ours is the last line.
-        last = assert_clean_exit(procs, worker, 1).splitlines()[-1]
+        assert_clean_exit(procs, worker, 1)
+        last = procs.stderr(worker).splitlines()[-1]
         assert last == ('/job:worker/task:%d: error: lost the connection to '
                         '/job:ps/task:0 (localhost:%d)'
                         % (i, int(ps.args[4].rsplit(':', 1)[1])))
@@ -146,7 +147,7 @@ CLUSTER = ['--ps=localhost:9001', '--worker=localhost:9002,localhost:9003']
       '--worker=localhost:9002,localhost:9001'],
      ['localhost:9001 is given to two tasks']),
     (['--job_name=worker', '--task_index=2'] + CLUSTER,
-     ['--task_index=2', 'only 2 task(s)']),
+     ['--task_index=2', 'only 2 worker task(s)']),
     (['--job_name=chief'] + CLUSTER, ['--job_name']),
     ([] + CLUSTER, ['--job_name']),
     (['--job_name=worker', '--batch_size=0'] + CLUSTER, ['batch_size']),

@@ -1,0 +1,34 @@
+"""bench.py runs end to end and reports every figure it promises. Its speed
+figures are for people to read; no test holds them to a number."""
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_bench_reports_every_figure(small_data, tmp_path):
+    out = tmp_path / 'bench.json'
+    result = subprocess.run(
+        [sys.executable, 'bench.py', '--data_dir=' + small_data,
+         '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
+         '--workers=1', '--repeats=1', '--baseline_steps=200',
+         '--target_accuracy=0.5', '--json=' + str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert figures['baseline']['steps_per_sec'] > 0
+    assert figures['import_seconds'] > 0
+    assert sorted(figures['clusters']) == sorted([
+        'async, 1 workers', 'sync, 1 workers',
+        'async, 3 workers, 1 straggler', 'sync, 3 workers, 1 straggler',
+        'sync, 3 workers, 1 straggler, 1 backup'])
+    for run in figures['clusters'].values():
+        assert run['steps_per_sec'] > 0
+        assert run['seconds_to_all_training'] > 0
+        assert 0 <= run['seconds_last_step_to_all_gone'] < 30
+        assert run['accuracy'] > 0.5
+    # The classes of the small data are learned within the first epochs.
+    assert all(0 < s < 120 for s in figures['seconds_to_target'].values())
+    assert '| async, 1 workers |' in result.stdout
