@@ -92,6 +92,7 @@ def baseline(mnist):
 
 
 def free_ports(n):
+    """n distinct ports that nothing listens on right now."""
     sockets = [socket.socket() for _ in range(n)]
     for s in sockets:
         s.bind(('localhost', 0))
@@ -188,7 +189,7 @@ def median_of_runs(*args, **kwargs):
             for key in runs[0]}
 
 
-def import_seconds(processes=4):
+def import_seconds(processes):
     """Seconds for `processes` Pythons at once to import cluster_utils (and
     so TensorFlow), as the tasks of a cluster do at its start."""
     started = time.time()
@@ -215,16 +216,18 @@ def report(results):
     lines = [
         'Baseline, one process: %.0f steps/s (%s)'
         % (base, results['baseline']['threads']),
-        'Python and TensorFlow import, 4 processes at once: %.1f s' % imports,
+        'Python and TensorFlow import, N processes at once: ' + ', '.join(
+            '%d: %.1f s' % (n, s) for n, s in sorted(imports.items())),
         '',
         '| run | steps/s | ratio to baseline | s to all training '
         '(less import) | s last step to all gone | test accuracy |',
         '|---|---|---|---|---|---|']
     for name, r in results['clusters'].items():
+        processes = 1 + int(name.split(', ')[1].split()[0])
         lines.append('| %s | %.0f | %.2f | %.1f (%.1f) | %.1f | %.4f |' % (
             name, r['steps_per_sec'], r['steps_per_sec'] / base,
             r['seconds_to_all_training'],
-            r['seconds_to_all_training'] - imports,
+            r['seconds_to_all_training'] - imports[processes],
             r['seconds_last_step_to_all_gone'], r['accuracy']))
     lines.append('')
     for script, seconds in results['seconds_to_target'].items():
@@ -237,9 +240,10 @@ def report(results):
 def main(_):
     mnist = cluster_utils.read_data_sets(FLAGS.data_dir,
                                          FLAGS.validation_size)
+    sizes = sorted({1 + int(n) for n in FLAGS.workers} | {4})
     results = {'baseline': baseline(mnist),
-               'import_seconds': statistics.median(
-                   import_seconds() for _ in range(3)),
+               'import_seconds': {n: statistics.median(
+                   import_seconds(n) for _ in range(3)) for n in sizes},
                'flags': {name: FLAGS[name].value for name in SHARED_FLAGS},
                'clusters': {}, 'seconds_to_target': {}}
     clusters = results['clusters']

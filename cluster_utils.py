@@ -144,15 +144,10 @@ def cluster_spec_from_flags():
                     % ' and '.join(sources))
     source = sources[0] if sources else 'the defaults of --ps/--worker'
     if source == 'TF_CONFIG':
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        cluster = _resolve(
+            source, tf.distribute.cluster_resolver.TFConfigClusterResolver)
     elif source == 'Slurm':
-        resolver = _slurm_resolver()
-    if source in ('TF_CONFIG', 'Slurm'):
-        try:
-            cluster = resolver.cluster_spec()
-        except (ValueError, RuntimeError) as e:
-            usage_error('%s: %s' % (source, e))
-        _take_task_from(source, resolver.task_type, resolver.task_id)
+        cluster = _resolve(source, _slurm_resolver)
     else:
         cluster = tf.train.ClusterSpec({'ps': parse_host_list(FLAGS.ps),
                                         'worker': parse_host_list(FLAGS.worker)})
@@ -171,34 +166,38 @@ def cluster_spec_from_flags():
     return cluster
 
 
-def _take_task_from(source, job_name, task_index):
-    """This task's job and index as the source says, unless given as flags,
-    which must then agree."""
-    for name, value in (('job_name', job_name), ('task_index', task_index)):
+def _resolve(source, make_resolver):
+    """The cluster that a TensorFlow cluster resolver finds, and this task's
+    job and index from it too, unless given as flags, which must agree."""
+    try:
+        resolver = make_resolver()
+        cluster = resolver.cluster_spec()
+    except (KeyError, ValueError, RuntimeError) as e:
+        usage_error('%s: %s' % (source, e))
+    for name, value in (('job_name', resolver.task_type),
+                        ('task_index', resolver.task_id)):
         if FLAGS[name].present and FLAGS[name].value != value:
             usage_error('--%s=%s, but %s says %s'
                         % (name, FLAGS[name].value, source, value))
         if value is not None:
             setattr(FLAGS, name, value)
+    return cluster
 
 
 def _slurm_resolver():
     """TensorFlow's resolver for the tasks of this srun: the first --num_ps
     are the ps, the rest the workers."""
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
     num_tasks = int(os.environ.get('SLURM_STEP_NUM_TASKS',
                                    os.environ.get('SLURM_NTASKS', 0)))
     jobs = {'ps': FLAGS.num_ps, 'worker': num_tasks - FLAGS.num_ps}
-    try:
-        if tf.config.experimental.list_physical_devices('GPU'):
-            return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base)
-        # It hands out ports by GPU: on a node without one, give it a
-        # slot per task, and keep it from setting CUDA_VISIBLE_DEVICES.
-        return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base,
-                        gpus_per_node=num_tasks, gpus_per_task=1,
-                        auto_set_gpu=False)
-    except (KeyError, ValueError, RuntimeError) as e:
-        usage_error('Slurm: %s' % e)
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if tf.config.experimental.list_physical_devices('GPU'):
+        return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base)
+    # It hands out ports by GPU: on a node without one, give it a slot per
+    # task, and keep it from setting CUDA_VISIBLE_DEVICES.
+    return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base,
+                    gpus_per_node=num_tasks, gpus_per_task=1,
+                    auto_set_gpu=False)
 
 
 def start_server(cluster):

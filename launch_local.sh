@@ -52,6 +52,9 @@ if [[ -n ${LAUNCH_LOCAL_NETNS:-} ]]; then
   ip link set lo up || { echo "$0: error: cannot bring up loopback in the namespace (is iproute2 installed? -H skips the namespace)" >&2; exit 1; }
 fi
 
+# The launcher describes the cluster with --ps/--worker; a TF_CONFIG or a
+# Slurm task of the surroundings would conflict with that.
+unset TF_CONFIG SLURM_PROCID
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 run_dir=${run_dir:-runs/$mode-$(date +%Y%m%d-%H%M%S)}

@@ -33,15 +33,8 @@ def final_accuracies(output):
 @pytest.fixture
 def free_ports():
     """free_ports(n): n distinct ports that nothing listens on right now."""
-    def take(n):
-        sockets = [socket.socket() for _ in range(n)]
-        for s in sockets:
-            s.bind(('localhost', 0))
-        ports = [s.getsockname()[1] for s in sockets]
-        for s in sockets:
-            s.close()
-        return ports
-    return take
+    from bench import free_ports
+    return free_ports
 
 
 @pytest.fixture
