@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 
 import cluster_utils  # noqa: E402
 from cluster_utils import tf  # noqa: E402
+from compare import ACCURACY, TIMING  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('workers', ['1', '2', '3'], 'Cluster sizes to measure.')
@@ -52,8 +53,6 @@ REPO = os.path.dirname(os.path.abspath(__file__))
 # The cluster tasks get the flags that bench.py shares with them.
 SHARED_FLAGS = ['data_dir', 'validation_size', 'learning_rate', 'batch_size',
                 'epochs']
-TEST_ACCURACY = re.compile(r'^worker=\d+, final accuracy = ([0-9.]+)$')
-TIMING = re.compile(r'^worker=\d+, local_steps=.*steps_per_sec=([0-9.]+)$')
 
 
 def baseline(mnist):
@@ -157,15 +156,15 @@ def run_cluster(script, num_workers, extra=(), slow_worker_flags=(),
             script, num_workers, '\n'.join(
                 line for t in workers + [ps] for _, line in t.lines[-5:])))
     starts = [w.first(r'worker=\d+, starting at')[0] for w in workers]
-    ends = [w.first(TEST_ACCURACY.pattern) for w in workers]
+    ends = [w.first(ACCURACY.pattern) for w in workers]
     return {
-        'steps_per_sec': sum(float(w.first(TIMING.pattern)[1].group(1))
+        'steps_per_sec': sum(float(w.first(TIMING.pattern)[1].group(5))
                              for w in workers),
         'seconds_to_all_training': max(starts) - launched,
         'seconds_last_step_to_all_gone': max(t.exited for t in workers + [ps])
                                          - max(e[0] for e in ends),
         'accuracy': float(statistics.median(
-            float(e[1].group(1)) for e in ends)),
+            float(e[1].group(2)) for e in ends)),
     }
 
 
