@@ -389,7 +389,6 @@ class TrainingLog:
     def __init__(self, sv, sess, model, mnist, global_step):
         self.sv, self.sess, self.model, self.mnist = sv, sess, model, mnist
         self.writing = sv.summary_writer is not None
-        self.first_step = global_step
         self.started = self.last_progress = time.time()
         self.local_step = 0
         print('worker=%d, starting at global_step=%d'
