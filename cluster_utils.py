@@ -459,15 +459,21 @@ def wait_for_tasks(cluster, job):
     """Blocks until every task of `job` accepts connections."""
     deadline = time.time() + FLAGS.startup_timeout
     addresses = cluster.job_tasks(job)
-    missing = list(range(len(addresses)))
+    missing = set(range(len(addresses)))
     while missing:
-        missing = [i for i in missing if not is_listening(addresses[i])]
-        if missing and time.time() > deadline:
-            fail('/job:%s/task:%d (%s) did not come up within %g s'
-                 % (job, missing[0], addresses[missing[0]],
-                    FLAGS.startup_timeout))
+        missing = {i for i in missing if not is_listening(addresses[i])}
+        fail_if_late(job, addresses, missing, deadline)
         if missing:
             time.sleep(0.2)
+
+
+def fail_if_late(job, addresses, missing, deadline):
+    """Ends this task, naming the first of the missing tasks of `job`, once
+    the deadline has passed."""
+    if missing and time.time() > deadline:
+        i = min(missing)
+        fail('/job:%s/task:%d (%s) did not come up within %g s'
+             % (job, i, addresses[i], FLAGS.startup_timeout))
 
 
 def supervised_session(sv, server, cluster):
@@ -552,9 +558,6 @@ def serve_until_workers_gone(cluster):
         seen |= up
         if not up and len(seen) == len(workers):
             return
-        never_up = set(range(len(workers))) - seen
-        if never_up and time.time() > deadline:
-            i = min(never_up)
-            fail('/job:worker/task:%d (%s) did not come up within %g s'
-                 % (i, workers[i], FLAGS.startup_timeout))
+        fail_if_late('worker', workers, set(range(len(workers))) - seen,
+                     deadline)
         time.sleep(0.2)

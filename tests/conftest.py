@@ -16,8 +16,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 # TensorFlow's own C++ log lines, which TF_CPP_MIN_LOG_LEVEL cannot silence
-# before its logging is initialized.
-TF_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before)')
+# before its logging is initialized: absl's format (2.21) and TensorFlow's
+# older one (2.16).
+TF_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before|'
+                         r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )')
 
 
 def own_lines(stderr):
