@@ -34,6 +34,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import numpy as np  # noqa: E402
 
 import cluster_utils  # noqa: E402
+import mnist_data  # noqa: E402
 from cluster_utils import tf  # noqa: E402
 from compare import ACCURACY, TIMING  # noqa: E402
 
@@ -74,7 +75,7 @@ def baseline(mnist):
             rng = np.random.default_rng(0)
             steps, started = -100, None  # 100 steps of warm-up
             while steps < FLAGS.baseline_steps:
-                for batch_x, batch_y in cluster_utils.epoch_batches(
+                for batch_x, batch_y in mnist_data.epoch_batches(
                         mnist.train, FLAGS.batch_size, rng):
                     sess.run([train_op, model.loss, global_step],
                              feed_dict={model.x: batch_x, model.y_: batch_y})
@@ -237,8 +238,8 @@ def report(results):
 
 
 def main(_):
-    mnist = cluster_utils.read_data_sets(FLAGS.data_dir,
-                                         FLAGS.validation_size)
+    mnist = mnist_data.read_data_sets(FLAGS.data_dir, FLAGS.validation_size,
+                                      FLAGS.data_mirror)
     sizes = sorted({1 + int(n) for n in FLAGS.workers} | {4})
     results = {'baseline': baseline(mnist),
                'import_seconds': {n: statistics.median(

@@ -1,29 +1,26 @@
 """What mnist_dist_async.py and mnist_dist_sync.py share.
 
-Flags, the ClusterSpec and the server of this task, session configs, the
-MNIST data, the model and the end of a run: once every worker has finished,
-each ps task leaves on its own instead of blocking in `server.join()`.
+Flags, the ClusterSpec and the server of this task, session configs, loading
+the MNIST data (mnist_data.py), the model and the end of a run: once every
+worker has finished, each ps task leaves on its own instead of blocking in
+`server.join()`.
 """
 
 import collections
 import contextlib
-import gzip
-import hashlib
 import os
 import re
 import socket
 import sys
-import tempfile
 import time
-import urllib.request
-import zlib
 
 # TensorFlow prints pages of C++ start-up lines; keep warnings and errors only.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 from absl import flags  # noqa: E402
+
+import mnist_data  # noqa: E402
 
 tf.logging.set_verbosity(tf.logging.ERROR)
 tf.disable_v2_behavior()
@@ -44,10 +41,14 @@ flags.DEFINE_integer('num_ps', 1, 'Under Slurm: how many of its tasks are ps '
 flags.DEFINE_integer('slurm_port_base', 8888,
                      'Under Slurm: the port of the first task on each node.',
                      lower_bound=1)
-flags.DEFINE_string('data_dir',
-                    os.path.join(os.path.expanduser('~'), '.cache', 'mnist'),
+flags.DEFINE_string('data_dir', mnist_data.DEFAULT_DIR,
                     'Directory with the four MNIST IDX .gz files; missing '
                     'ones are downloaded into it.')
+flags.DEFINE_string('data_mirror', None,
+                    'URL of a directory with the four MNIST files, used '
+                    'instead of the public mirrors (an internal mirror, for '
+                    'clusters without internet access); files from it are '
+                    'SHA-256 checked too.')
 flags.DEFINE_bool('shard_data', False,
                   'Each worker walks its own 1/N of the training set each '
                   'epoch, instead of all of it as in the book.')
@@ -225,140 +226,23 @@ def session_config(cluster):
 
 # -------------------------------------------------------------------- data
 
-MNIST_FILES = {
-    'train-images-idx3-ubyte.gz':
-        '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
-    'train-labels-idx1-ubyte.gz':
-        '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
-    't10k-images-idx3-ubyte.gz':
-        '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
-    't10k-labels-idx1-ubyte.gz':
-        'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6',
-}
-MNIST_MIRRORS = ['https://storage.googleapis.com/cvdf-datasets/mnist/',
-                 'https://ossci-datasets.s3.amazonaws.com/mnist/']
-IMAGE_PIXELS = 28 * 28
-NUM_CLASSES = 10
-
-Split = collections.namedtuple('Split', ['images', 'labels'])
-Datasets = collections.namedtuple('Datasets', ['train', 'validation', 'test'])
-
-
-class DataError(Exception):
-    pass
-
-
-def download(url, sha256, path):
-    """Fetches url to path, all or nothing, if its SHA-256 is sha256."""
-    directory = os.path.dirname(path) or '.'
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as tmp:
-        try:
-            with urllib.request.urlopen(url, timeout=30) as response:
-                data = response.read()
-            if hashlib.sha256(data).hexdigest() != sha256:
-                raise DataError('%s has the wrong SHA-256' % url)
-            tmp.write(data)
-            tmp.close()
-            os.replace(tmp.name, path)
-        finally:
-            if os.path.exists(tmp.name):
-                os.unlink(tmp.name)
-
-
-def download_mnist(data_dir, names):
-    for name in names:
-        errors = []
-        for mirror in MNIST_MIRRORS:
-            try:
-                download(mirror + name, MNIST_FILES[name],
-                         os.path.join(data_dir, name))
-                break
-            except (OSError, DataError) as e:
-                errors.append(str(e))
-        else:
-            raise DataError(
-                '%s not found in %s and not downloadable (%s); put the four '
-                'files %s there, or point --data_dir at them'
-                % (name, data_dir, errors[-1], ', '.join(MNIST_FILES)))
-
-
-def read_idx(path):
-    """A gzipped IDX file of unsigned bytes as a numpy array."""
-    try:
-        with gzip.open(path, 'rb') as f:
-            data = f.read()
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataError('%s is unreadable, truncated or corrupt (%s)'
-                        % (path, e))
-    if len(data) < 4 or data[:3] != b'\0\0\x08':
-        raise DataError('%s is not an IDX file of unsigned bytes' % path)
-    ndim = data[3]
-    header = 4 + 4 * ndim
-    shape = np.frombuffer(data[4:header], '>u4')
-    if len(shape) != ndim or len(data) != header + int(np.prod(shape)):
-        raise DataError('%s is truncated or corrupt: its size does not match '
-                        'its header' % path)
-    return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
-
-
-def read_split(data_dir, prefix):
-    images = read_idx(os.path.join(data_dir, prefix + '-images-idx3-ubyte.gz'))
-    labels = read_idx(os.path.join(data_dir, prefix + '-labels-idx1-ubyte.gz'))
-    if (images.ndim != 3 or images.shape[1] * images.shape[2] != IMAGE_PIXELS
-            or labels.ndim != 1 or len(labels) != len(images)
-            or labels.max(initial=0) >= NUM_CLASSES):
-        raise DataError('%s/%s-*: expected N 28x28 images and N labels 0-9, '
-                        'found images %s and labels %s'
-                        % (data_dir, prefix, images.shape, labels.shape))
-    return Split(images.reshape(-1, IMAGE_PIXELS).astype(np.float32) / 255,
-                 np.eye(NUM_CLASSES, dtype=np.float32)[labels])
-
-
-def read_data_sets(data_dir, validation_size):
-    """MNIST, or any data set in its layout, split as TensorFlow's tutorial
-    split it: the first validation_size training images are held out."""
-    missing = [name for name in MNIST_FILES
-               if not os.path.exists(os.path.join(data_dir, name))]
-    if missing:
-        download_mnist(data_dir, missing)
-    train = read_split(data_dir, 'train')
-    if len(train.images) <= validation_size:
-        raise DataError('%s has %d training images, not more than '
-                        '--validation_size=%d'
-                        % (data_dir, len(train.images), validation_size))
-    return Datasets(
-        train=Split(train.images[validation_size:],
-                    train.labels[validation_size:]),
-        validation=Split(train.images[:validation_size],
-                         train.labels[:validation_size]),
-        test=read_split(data_dir, 't10k'))
-
-
 def load_mnist(cluster):
     """The data sets of --data_dir, or the end of this task saying why not.
     With --shard_data, this worker's own slice of the training set."""
     try:
-        mnist = read_data_sets(FLAGS.data_dir, FLAGS.validation_size)
-    except DataError as e:
+        mnist = mnist_data.read_data_sets(
+            FLAGS.data_dir, FLAGS.validation_size, FLAGS.data_mirror)
+    except mnist_data.DataError as e:
         fail(e)
     if FLAGS.shard_data:
         num_workers = cluster.num_tasks('worker')
-        mnist = mnist._replace(train=Split(
+        mnist = mnist._replace(train=mnist_data.Split(
             mnist.train.images[FLAGS.task_index::num_workers],
             mnist.train.labels[FLAGS.task_index::num_workers]))
     if len(mnist.train.images) < FLAGS.batch_size:
         fail('%d training images are fewer than --batch_size=%d'
              % (len(mnist.train.images), FLAGS.batch_size))
     return mnist
-
-
-def epoch_batches(split, batch_size, rng):
-    """One pass over split in a new random order, in full batches."""
-    order = rng.permutation(len(split.images))
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-        batch = order[start:start + batch_size]
-        yield split.images[batch], split.labels[batch]
 
 
 # ------------------------------------------------------------------- model
@@ -368,10 +252,11 @@ Model = collections.namedtuple('Model', ['x', 'y_', 'loss', 'accuracy'])
 
 def softmax_regression():
     """The book's model: softmax regression of the 784 pixels."""
-    x = tf.placeholder(tf.float32, [None, IMAGE_PIXELS], name='x')
-    y_ = tf.placeholder(tf.float32, [None, NUM_CLASSES], name='y_')
-    w = tf.Variable(tf.random_normal([IMAGE_PIXELS, NUM_CLASSES]), name='w')
-    b = tf.Variable(tf.random_normal([NUM_CLASSES]), name='b')
+    x = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS], name='x')
+    y_ = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES], name='y_')
+    w = tf.Variable(tf.random_normal(
+        [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]), name='w')
+    b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
     logits = tf.matmul(x, w) + b
     loss = tf.reduce_mean(
         tf.nn.softmax_cross_entropy_with_logits_v2(labels=y_, logits=logits))

@@ -41,8 +41,14 @@ done
 last_port=$((base_port + num_ps + num_workers - 1))
 ((last_port < 65536)) || { echo "$0: error: ports $base_port-$last_port do not exist" >&2; exit 2; }
 
+here=$(cd "$(dirname "$0")" && pwd)
+python=${PYTHON:-python3}
+
 if ((host_network == 0)) && [[ -z ${LAUNCH_LOCAL_NETNS:-} ]]; then
   if unshare --user --map-root-user --net true 2>/dev/null; then
+    # Nothing in the namespace reaches another host: get the data here, once
+    # for every task; a data problem ends the run before any task starts.
+    "$python" "$here/mnist_data.py" "$@" || exit
     LAUNCH_LOCAL_NETNS=1 exec unshare --user --map-root-user --net bash "$0" "${args[@]}"
   fi
   echo "$0: no private network namespace here (unshare failed): the" \
@@ -55,8 +61,6 @@ fi
 # The launcher describes the cluster with --ps/--worker; a TF_CONFIG or a
 # Slurm task of the surroundings would conflict with that.
 unset TF_CONFIG SLURM_PROCID
-here=$(cd "$(dirname "$0")" && pwd)
-python=${PYTHON:-python3}
 run_dir=${run_dir:-runs/$mode-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$run_dir" || exit 1
 

@@ -13,6 +13,7 @@ import numpy as np
 from absl import app
 
 import cluster_utils
+import mnist_data
 from cluster_utils import FLAGS, tf
 
 
@@ -62,7 +63,7 @@ def main(_):
         for epoch in range(FLAGS.epochs):
             if step >= last_step:
                 break
-            for batch_x, batch_y in cluster_utils.epoch_batches(
+            for batch_x, batch_y in mnist_data.epoch_batches(
                     mnist.train, FLAGS.batch_size, rng):
                 _, loss, step = sess.run(
                     [train_op, model.loss, global_step],

@@ -13,6 +13,7 @@ import numpy as np
 from absl import app
 
 import cluster_utils
+import mnist_data
 from cluster_utils import FLAGS, flags, tf
 
 # SYNC: fewer than the workers leaves the slowest as backup workers.
@@ -97,7 +98,7 @@ def main(_):
         log = cluster_utils.TrainingLog(sv, sess, model, mnist, step)
         epoch = 0
         while step < last_step:
-            for batch_x, batch_y in cluster_utils.epoch_batches(
+            for batch_x, batch_y in mnist_data.epoch_batches(
                     mnist.train, FLAGS.batch_size, rng):
                 step, loss = sess.run(
                     [step_after, model.loss],

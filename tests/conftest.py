@@ -1,12 +1,15 @@
-"""Fixtures: free ports, IDX data sets, and tasks run as real processes."""
+"""Fixtures: free ports, IDX data sets, an HTTP mirror, and tasks run as real
+processes."""
 
 import gzip
+import http.server
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -89,6 +92,32 @@ def write_dataset(directory, num_train, num_test, seed=0):
 def small_data(tmp_path_factory):
     """1,100 training images (100 held out for validation), 500 test."""
     return write_dataset(tmp_path_factory.mktemp('small_data'), 1100, 500)
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """Serves tmp_path/'served' over HTTP on the host's loopback: yields the
+    folder, its URL, and the list of paths requested so far."""
+    served = tmp_path / 'served'
+    served.mkdir()
+    requested = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def do_GET(self):
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield served, 'http://127.0.0.1:%d/' % server.server_port, requested
+    server.shutdown()
 
 
 @pytest.fixture(scope='session')

@@ -1,5 +1,6 @@
 """launch_local.sh: runs the cluster, reports, and leaves nothing behind."""
 
+import hashlib
 import os
 import re
 import signal
@@ -8,7 +9,9 @@ import sys
 
 import pytest
 
-from conftest import final_accuracies, left_running, listening
+import mnist_data
+from conftest import (final_accuracies, left_running, listening, own_lines,
+                      write_dataset)
 
 SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+)$',
                      re.M)
@@ -82,6 +85,46 @@ def test_ctrl_c_stops_every_task(procs, tmp_path, free_port_run, small_data,
     assert 'interrupted, stopping every task' in procs.output(launcher)
     assert left_running(launcher) == []
     assert not any(listening(port) for port in range(base, base + 4))
+
+
+def test_launcher_downloads_before_it_enters_its_namespace(
+        procs, tmp_path, free_port_run, http_server):
+    """The tasks' namespace reaches no other host: the launcher downloads
+    the data for them, from the host's network, before any task starts."""
+    if not network_namespaces_work():
+        pytest.skip('unshare cannot make a network namespace here')
+    served, url, requested = http_server
+    write_dataset(served, num_train=1100, num_test=500)
+    genuine = all(
+        hashlib.sha256((served / name).read_bytes()).hexdigest() == sha256
+        for name, sha256 in mnist_data.FILES.items())
+    data_dir = tmp_path / 'data'
+    base = free_port_run(4)
+    launcher = launch(procs, tmp_path, '-b', str(base), 'async',
+                      '--data_dir=' + str(data_dir), '--data_mirror=' + url,
+                      '--epochs=1', '--validation_size=100')
+    procs.wait_all([launcher], 120)
+    output = procs.output(launcher)
+    # The mirror on the host's loopback was asked: from inside the
+    # namespace it could not have been.
+    assert '/train-images-idx3-ubyte.gz' in requested
+    assert 'Traceback' not in output
+    assert left_running(launcher) == []
+    if genuine:  # MNIST itself: downloaded once, then the run trains
+        assert launcher.returncode == 0, output
+        assert sorted(requested) == sorted('/' + n for n in mnist_data.FILES)
+        assert set(final_accuracies(output)) == {0, 1, 2}
+    else:  # other files: one line, before any task started
+        assert launcher.returncode == 1, output
+        lines = own_lines(procs.stderr(launcher))
+        assert lines == ['mnist_data.py: error: train-images-idx3-ubyte.gz '
+                         'not found in %s and not downloadable (%s'
+                         'train-images-idx3-ubyte.gz has the wrong SHA-256); '
+                         'put the four files %s there, or point --data_dir '
+                         'at them' % (data_dir, url,
+                                      ', '.join(mnist_data.FILES))], output
+        assert not (tmp_path / 'run').exists()
+        assert os.listdir(data_dir) == []
 
 
 @pytest.mark.parametrize('args, message', [
