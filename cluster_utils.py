@@ -10,8 +10,10 @@ import collections
 import contextlib
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 
 # TensorFlow prints pages of C++ start-up lines; keep warnings and errors only.
@@ -74,6 +76,11 @@ flags.DEFINE_integer('step_delay_ms', 0,
                      'purpose, for bench.py.', lower_bound=0)
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
+flags.DEFINE_float('stall_timeout', 180,
+                   'Seconds without a new global step after which every '
+                   'worker gives up, naming the workers that are gone.')
+flags.register_validator('stall_timeout', lambda v: v > 0,
+                         'must be positive')
 flags.register_validator('learning_rate', lambda v: v > 0,
                          'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
@@ -202,6 +209,9 @@ def _slurm_resolver():
 
 
 def start_server(cluster):
+    """This task's server, once what it will write is known to be writable."""
+    if FLAGS.job_name == 'worker' and FLAGS.task_index == 0:
+        check_logdir()
     try:
         return tf.train.Server(cluster, job_name=FLAGS.job_name,
                                task_index=FLAGS.task_index,
@@ -210,6 +220,22 @@ def start_server(cluster):
         address = cluster.task_address(FLAGS.job_name, FLAGS.task_index)
         fail('cannot listen on port %s (%s): is it in use?'
              % (address.rpartition(':')[2], address))
+
+
+def check_logdir():
+    """The chief writes --logdir: it must be a directory, or be creatable,
+    and take a file; else a usage error before the chief joins the cluster."""
+    if FLAGS.logdir is None:
+        return
+    probe = os.path.join(FLAGS.logdir, '.writable')
+    try:
+        tf.io.gfile.makedirs(FLAGS.logdir)
+        with tf.io.gfile.GFile(probe, 'w') as f:
+            f.write('')
+        tf.io.gfile.remove(probe)
+    except tf.errors.OpError as e:
+        usage_error('--logdir=%s: cannot write there (%s)'
+                    % (FLAGS.logdir, e.message.splitlines()[0]))
 
 
 def session_config(cluster):
@@ -361,18 +387,62 @@ def fail_if_late(job, addresses, missing, deadline):
              % (job, i, addresses[i], FLAGS.startup_timeout))
 
 
-def supervised_session(sv, server, cluster):
-    """The Supervisor's session, once the ps tasks and the chief are up."""
+def supervised_session(sv, server, cluster, on_worker_gone=None):
+    """The Supervisor's session, once the ps tasks and the chief are up, with
+    a Watchdog on the other workers from then on.
+
+    The chief says where the model came from: initialized, restored from
+    the last checkpoint in --logdir, or joined live on the ps, where workers
+    kept training while it was away (newer than any checkpoint, and what
+    Supervisor would otherwise initialize again under them).
+    """
     wait_for_tasks(cluster, 'ps')
+    watchdog = Watchdog(sv, cluster, on_worker_gone)
     with exit_if_cluster_lost(cluster):
-        try:
-            return sv.prepare_or_wait_for_session(
-                server.target, config=session_config(cluster),
-                max_wait_secs=FLAGS.startup_timeout)
-        except tf.errors.DeadlineExceededError:
-            fail('the chief, /job:worker/task:0 (%s), did not initialize the '
-                 'model within %g s' % (cluster.task_address('worker', 0),
-                                        FLAGS.startup_timeout))
+        if sv.is_chief and model_is_live(sv, server, cluster):
+            sess = sv.session_manager.prepare_session(
+                server.target, config=session_config(cluster))
+            sv.start_standard_services(sess)
+            print('worker=0: joined the live model on the ps at '
+                  'global_step=%d' % sess.run(sv.global_step), flush=True)
+        else:
+            sess = _prepare_or_wait(sv, server, cluster)
+    watchdog.watch_training(sess)
+    return sess
+
+
+def model_is_live(sv, server, cluster):
+    """Whether the ps tasks hold every shared variable initialized already.
+
+    Supervisor's ready_op names the uninitialized variables, this worker's
+    own local ones among them."""
+    with tf.Session(server.target, config=session_config(cluster)) as probe:
+        uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
+    return not uninitialized & {v.op.name for v in tf.global_variables()}
+
+
+def _prepare_or_wait(sv, server, cluster):
+    """The chief initializes or restores the model; the others wait for it."""
+    checkpoint = (sv.is_chief and FLAGS.logdir
+                  and tf.train.latest_checkpoint(FLAGS.logdir))
+    try:
+        sess = sv.prepare_or_wait_for_session(
+            server.target, config=session_config(cluster),
+            max_wait_secs=FLAGS.startup_timeout)
+    except tf.errors.DeadlineExceededError:
+        fail('the chief, /job:worker/task:0 (%s), did not initialize the '
+             'model within %g s' % (cluster.task_address('worker', 0),
+                                    FLAGS.startup_timeout))
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
+            tf.errors.NotFoundError) as e:
+        fail('cannot restore the checkpoint %s (%s): move it away, or '
+             'choose another --logdir'
+             % (checkpoint, e.message.splitlines()[0]))
+    if checkpoint:
+        print('worker=0: restored the model from %s' % checkpoint, flush=True)
+    elif sv.is_chief:
+        print('worker=0: initialized the model', flush=True)
+    return sess
 
 
 def close_session(sv, sess):
@@ -400,13 +470,103 @@ def leave():
     os._exit(0)
 
 
+def die(message, status=1):
+    """One line on stderr, and the whole task ends at once, from any thread.
+
+    With os._exit: closing a session whose ps is gone, or that another
+    thread is inside, can block for good, and so can the interpreter's own
+    clean-up.
+    """
+    try:
+        print('%s: %s' % (task_name(), message), file=sys.stderr, flush=True)
+    except OSError:  # nobody reads stderr any more
+        pass
+    os._exit(status)
+
+
+class Watchdog(threading.Thread):
+    """A thread that watches the other workers' ports, and the global step.
+
+    While this worker waits for the model: a chief that came up and went
+    away ends it 10 s later, instead of after --startup_timeout. While it
+    trains: a worker that went away is named once, if on_worker_gone(sess)
+    says it is gone rather than done, and a global step that has not
+    moved for --stall_timeout seconds ends it, naming the missing workers.
+    It stops at sv.request_stop().
+    """
+
+    POLL_SECS = 0.5
+
+    def __init__(self, sv, cluster, on_worker_gone):
+        super().__init__(daemon=True)
+        self.sv, self.on_worker_gone = sv, on_worker_gone
+        self.workers = cluster.job_tasks('worker')
+        self.sess = None
+        self.seen, self.gone = set(), set()
+        self.start()
+
+    def watch_training(self, sess):
+        self.sess = sess
+
+    def run(self):
+        others = [i for i in range(len(self.workers))
+                  if i != FLAGS.task_index]
+        last_step, last_move = None, None
+        gone_since = time.time()
+        while not self.sv.should_stop():
+            time.sleep(self.POLL_SECS)
+            for i in others:
+                if is_listening(self.workers[i], timeout=self.POLL_SECS):
+                    self.seen.add(i)
+                    self.gone.discard(i)
+                elif i in self.seen and i not in self.gone:
+                    self.gone.add(i)
+                    if self.sess is not None and self._is_gone(i):
+                        print('worker=%d: %s is gone; training goes on '
+                              'without it' % (FLAGS.task_index,
+                                              self._task(i)), flush=True)
+            if self.sess is None:
+                # A chief that finished a short run before this worker got
+                # its session leaves a ready model behind: give the session
+                # a few polls to come.
+                chief_gone = 0 in self.gone
+                if chief_gone and time.time() - gone_since > 10:
+                    die('error: the chief, /job:worker/task:0 (%s), went '
+                        'away before the model was ready' % self.workers[0])
+                if not chief_gone:
+                    gone_since = time.time()
+                continue
+            step = self._global_step()
+            if last_move is None or step != last_step:
+                last_step, last_move = step, time.time()
+            elif time.time() - last_move > FLAGS.stall_timeout:
+                missing = sorted(set(others) - (self.seen - self.gone))
+                die('error: training stalled: no new global step for %g s; '
+                    'missing: %s' % (FLAGS.stall_timeout, ', '.join(
+                        map(self._task, missing)) or 'none'))
+
+    def _is_gone(self, i):
+        if self.on_worker_gone is None:
+            return False
+        try:
+            return self.on_worker_gone(self.sess)
+        except (tf.errors.OpError, RuntimeError):  # the session is closing
+            return False
+
+    def _global_step(self):
+        try:
+            return self.sess.run(self.sv.global_step, options=tf.RunOptions(
+                timeout_in_ms=int(self.POLL_SECS * 10000)))
+        except (tf.errors.OpError, RuntimeError):
+            return None
+
+    def _task(self, i):
+        return '/job:worker/task:%d (%s)' % (i, self.workers[i])
+
+
 @contextlib.contextmanager
 def exit_if_cluster_lost(cluster):
-    """Ends this worker with a one-line error when a ps task goes away.
-
-    At once, with os._exit: closing a session whose ps is gone blocks for
-    good, and so would the interpreter's own clean-up.
-    """
+    """Ends this worker with a one-line error when a ps task goes away."""
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
@@ -419,9 +579,28 @@ def exit_if_cluster_lost(cluster):
             job, index = others[0]
             task = '/job:%s/task:%d (%s)' % (
                 job, index, cluster.task_address(job, index))
-        print('%s: error: lost the connection to %s'
-              % (task_name(), task), file=sys.stderr, flush=True)
-        os._exit(1)
+        die('error: lost the connection to %s' % task)
+
+
+# ----------------------------------------------------------------- signals
+
+def exit_on_signals():
+    """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line and
+    status 130 or 143, wherever it is, inside sess.run too.
+
+    Python runs its handlers in the main thread only, between bytecodes:
+    never while that thread waits in TensorFlow's C++. The signal number
+    that Python's C handler writes to the wakeup pipe, whichever thread the
+    signal reached, is read by a thread of ours at once.
+    """
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)  # the pipe's reader acts
+
+    threading.Thread(target=lambda: die(
+        'interrupted', 128 + os.read(read_end, 1)[0]), daemon=True).start()
 
 
 # ------------------------------------------------------------ end of a run

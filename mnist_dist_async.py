@@ -18,6 +18,7 @@ from cluster_utils import FLAGS, tf
 
 
 def main(_):
+    cluster_utils.exit_on_signals()
     cluster = cluster_utils.cluster_spec_from_flags()
     server = cluster_utils.start_server(cluster)
 

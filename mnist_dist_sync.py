@@ -23,6 +23,7 @@ flags.DEFINE_integer('replicas_to_aggregate', None,
 
 
 def main(_):
+    cluster_utils.exit_on_signals()
     cluster = cluster_utils.cluster_spec_from_flags()
     server = cluster_utils.start_server(cluster)
 
@@ -66,6 +67,24 @@ def main(_):
     # SYNC: tokens a worker leaves when done, for any other still waiting.
     release_tokens_op = opt.get_init_tokens_op(num_tokens=num_workers)
 
+    # SYNC: every worker stops at the same global step, not after its own
+    # epochs: one that left early would leave the others waiting for its
+    # gradients forever. Each update takes one step of every worker, so
+    # that is about --epochs passes of each over the training set.
+    last_step = FLAGS.epochs * (len(mnist.train.images) // FLAGS.batch_size)
+
+    # SYNC: a worker that dies while it waits for a token takes one with it,
+    # and the others would wait forever for the gradient it owed: the chief
+    # puts one back. One that left at the last step is done, not gone.
+    add_token_op = opt.get_init_tokens_op(num_tokens=1)
+
+    def worker_gone(sess):
+        if sess.run(global_step) >= last_step:
+            return False
+        if is_chief:
+            sess.run(add_token_op)
+        return True
+
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir, and saves them there every minute; the others
     # wait for it, checking every second instead of Supervisor's default 30.
@@ -78,19 +97,14 @@ def main(_):
         ready_for_local_init_op=opt.ready_for_local_init_op,
         recovery_wait_secs=1,
         save_model_secs=60)
-    sess = cluster_utils.supervised_session(sv, server, cluster)
+    sess = cluster_utils.supervised_session(sv, server, cluster,
+                                            on_worker_gone=worker_gone)
 
     # SYNC: the chief runs the queue runner that applies the aggregated
     # gradients, and puts in the tokens that let the first step complete.
     if is_chief:
         sv.start_queue_runners(sess, [chief_queue_runner])
         sess.run(init_tokens_op)
-
-    # SYNC: every worker stops at the same global step, not after its own
-    # epochs: one that left early would leave the others waiting for its
-    # gradients forever. Each update takes one step of every worker, so
-    # that is about --epochs passes of each over the training set.
-    last_step = FLAGS.epochs * (len(mnist.train.images) // FLAGS.batch_size)
 
     rng = np.random.default_rng(FLAGS.task_index)
     with cluster_utils.exit_if_cluster_lost(cluster):

@@ -1,6 +1,7 @@
 """Every task ends, on time: start order, lost tasks, bad input."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -191,3 +192,159 @@ def test_data_errors(procs, free_ports, small_data, tmp_path, damage, flags,
                           '--data_dir=' + data, *SHORT_RUN, *flags)
     procs.wait_all([worker], 60)
     assert_one_error_line(procs, worker, 1, *words)
+
+
+def assert_interrupted(procs, proc, status, task):
+    output = assert_clean_exit(procs, proc, status)
+    assert own_lines(procs.stderr(proc)) == [task + ': interrupted'], output
+
+
+@pytest.mark.parametrize('script, signum, status', [
+    ('async', signal.SIGINT, 130), ('sync', signal.SIGTERM, 143)])
+def test_signal_ends_a_worker_and_the_others_go_on(procs, free_ports,
+                                                   small_data, script,
+                                                   signum, status):
+    ps, workers = procs.cluster(script, free_ports, '--data_dir=' + small_data,
+                                *LONG_RUN[1:], '--epochs=40')
+    procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', 60)
+    # To its process group, as Ctrl-C in its own terminal would.
+    os.killpg(workers[1].pid, signum)
+    procs.wait_all([workers[1]], 10)
+    assert_interrupted(procs, workers[1], status, '/job:worker/task:1')
+    procs.wait_all(workers + [ps], 120)
+    for i in (0, 2):
+        assert i in final_accuracies(assert_clean_exit(procs, workers[i], 0))
+    assert_clean_exit(procs, ps, 0)
+
+
+def test_signal_ends_the_ps_and_so_every_worker(procs, free_ports,
+                                                small_data):
+    ps, workers = procs.cluster('sync', free_ports,
+                                '--data_dir=' + small_data, *LONG_RUN)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
+    os.killpg(ps.pid, signal.SIGINT)
+    procs.wait_all([ps] + workers, 30)
+    assert_interrupted(procs, ps, 130, '/job:ps/task:0')
+    for i, worker in enumerate(workers):
+        assert_clean_exit(procs, worker, 1)
+        assert procs.stderr(worker).splitlines()[-1].startswith(
+            '/job:worker/task:%d: error: lost the connection to /job:ps/task:0'
+            % i)
+
+
+def test_unwritable_logdir(procs, free_ports, small_data, tmp_path):
+    not_a_dir = tmp_path / 'file'
+    not_a_dir.write_text('')
+    ports = free_ports(2)
+    chief = procs.script('async', 'worker', 0, ports[:1], ports[1:],
+                         '--data_dir=' + small_data,
+                         '--logdir=%s' % (not_a_dir / 'logdir'), *SHORT_RUN)
+    procs.wait_all([chief], 60)
+    assert_one_error_line(procs, chief, 2,
+                          '--logdir=%s' % (not_a_dir / 'logdir'),
+                          'cannot write there')
+    # It never joined the cluster.
+    assert not listening(ports[1])
+
+
+def test_unreadable_checkpoint_ends_every_worker(procs, free_ports,
+                                                 small_data, tmp_path):
+    logdir = tmp_path / 'logdir'
+    logdir.mkdir()
+    (logdir / 'checkpoint').write_text(
+        'model_checkpoint_path: "model.ckpt-10"\n')
+    for suffix in ('index', 'data-00000-of-00001', 'meta'):
+        (logdir / ('model.ckpt-10.' + suffix)).write_bytes(os.urandom(512))
+    ps, workers = procs.cluster('async', free_ports,
+                                '--data_dir=' + small_data,
+                                '--logdir=' + str(logdir), *SHORT_RUN)
+    procs.wait_all(workers + [ps], 60)
+    assert_one_error_line(procs, workers[0], 1,
+                          'cannot restore the checkpoint %s'
+                          % (logdir / 'model.ckpt-10'),
+                          'move it away, or choose another --logdir')
+    for worker in workers[1:]:
+        assert_one_error_line(procs, worker, 1, 'the chief',
+                              'went away before the model was ready')
+    assert_clean_exit(procs, ps, 0)
+
+
+GONE = r'^worker=(\d): /job:worker/task:(\d) \(localhost:\d+\) is gone; ' \
+       r'training goes on without it$'
+
+
+def test_sync_goes_on_without_a_killed_worker(procs, free_ports, small_data):
+    ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
+                                *LONG_RUN[1:], '--epochs=40')
+    procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
+    os.kill(workers[2].pid, signal.SIGKILL)
+    procs.wait_all(workers + [ps], 120)
+    for i in (0, 1):
+        output = assert_clean_exit(procs, workers[i], 0)
+        assert i in final_accuracies(output)
+        assert re.findall(GONE, output, re.M) == [(str(i), '2')]
+    assert_clean_exit(procs, ps, 0)
+
+
+def test_stall_watchdog_names_the_missing_chief(procs, free_ports,
+                                                small_data):
+    # Without the chief, no sync update is applied: nothing can go on.
+    ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
+                                '--stall_timeout=5', *LONG_RUN)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
+    os.kill(workers[0].pid, signal.SIGKILL)
+    procs.wait_all(workers + [ps], 60)
+    for worker in workers[1:]:
+        assert_one_error_line(
+            procs, worker, 1, 'training stalled: no new global step for 5 s',
+            'missing: /job:worker/task:0 (localhost:')
+    assert_clean_exit(procs, ps, 0)
+
+
+STEPS = re.compile(r'^worker=1,epoch=\d+,global_step=(\d+),', re.M)
+
+
+def test_restarted_chief_joins_the_live_model(procs, free_ports, small_data):
+    ports = free_ports(4)
+    # Slow enough that the others still train when the chief is back.
+    flags = ['--data_dir=' + small_data, '--step_delay_ms=10',
+             '--epochs=100'] + LONG_RUN[1:]
+    ps, workers = procs.cluster('async', lambda n: ports, *flags)
+    assert procs.wait_for_output(workers[0], r'^worker=0: initialized the '
+                                 r'model$', 60)
+    procs.wait_for_output(workers[1], r'^worker=1,epoch=20,', 60)
+    os.kill(workers[0].pid, signal.SIGKILL)
+    workers[0].wait()
+    chief = procs.script('async', 'worker', 0, ports[:1], ports[1:], *flags)
+    joined = procs.wait_for_output(
+        chief, r'^worker=0: joined the live model on the ps at '
+               r'global_step=(\d+)$', 60)
+    assert int(joined.group(1)) > 200
+    procs.wait_all([chief] + workers[1:] + [ps], 180)
+    for i, worker in enumerate([chief] + workers[1:]):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert 'initialized the model' not in procs.output(chief)
+    # Worker 1's global step never went back.
+    steps = [int(s) for s in STEPS.findall(procs.output(workers[1]))]
+    assert steps == sorted(steps) and len(steps) == 100
+
+
+def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
+    ports = free_ports(4)
+    # Slow enough that the others still train when it is back.
+    flags = ['--data_dir=' + small_data, '--step_delay_ms=20',
+             '--epochs=60'] + LONG_RUN[1:]
+    ps, workers = procs.cluster('sync', lambda n: ports, *flags)
+    procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
+    os.kill(workers[2].pid, signal.SIGKILL)
+    workers[2].wait()
+    again = procs.script('sync', 'worker', 2, ports[:1], ports[1:], *flags)
+    started = procs.wait_for_output(
+        again, r'^worker=2, starting at global_step=(\d+)$', 60)
+    assert int(started.group(1)) > 0
+    procs.wait_all(workers[:2] + [again, ps], 120)
+    for i, worker in enumerate(workers[:2] + [again]):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert_clean_exit(procs, ps, 0)
