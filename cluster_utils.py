@@ -1,12 +1,14 @@
-"""What mnist_dist_async.py and mnist_dist_sync.py share.
+"""The cluster side of mnist_dist_async.py and mnist_dist_sync.py.
 
-Flags, the ClusterSpec and the server of this task, session configs, loading
-the MNIST data (mnist_data.py), the model and the end of a run: once every
-worker has finished, each ps task leaves on its own instead of blocking in
-`server.join()`.
+In this order: the cluster's flags; where the cluster comes from (flags,
+TF_CONFIG, Slurm); this task's server and session configs; each worker's
+data; the Supervisor's session and the watch over the other tasks; what a
+worker reports; signals; the end of a run, where each ps task leaves on its
+own instead of blocking in `server.join()`.
+
+Importing it only defines things: the scripts set TensorFlow up themselves.
 """
 
-import collections
 import contextlib
 import os
 import re
@@ -16,16 +18,12 @@ import sys
 import threading
 import time
 
-# TensorFlow prints pages of C++ start-up lines; keep warnings and errors only.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+import tensorflow.compat.v1 as tf
+from absl import flags
 
-import tensorflow.compat.v1 as tf  # noqa: E402
-from absl import flags  # noqa: E402
+import mnist_data
 
-import mnist_data  # noqa: E402
-
-tf.logging.set_verbosity(tf.logging.ERROR)
-tf.disable_v2_behavior()
+# ------------------------------------------------------------------- flags
 
 FLAGS = flags.FLAGS
 
@@ -56,12 +54,6 @@ flags.DEFINE_bool('shard_data', False,
                   'epoch, instead of all of it as in the book.')
 flags.DEFINE_integer('validation_size', 5000,
                      'Training images held out for validation.', lower_bound=0)
-flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
-flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
-                     lower_bound=1)
-flags.DEFINE_integer('epochs', 50,
-                     'Passes of each worker over the training set.',
-                     lower_bound=1)
 flags.DEFINE_integer('print_every_epochs', 10,
                      'Log the loss every this many epochs.', lower_bound=1)
 flags.DEFINE_float('gpu_memory_fraction', 0.2,
@@ -71,17 +63,12 @@ flags.DEFINE_string('logdir', None,
                     'Where the chief writes summaries for TensorBoard and '
                     'checkpoints; a run with the same logdir resumes from '
                     'the last checkpoint. Nothing is written without it.')
-flags.DEFINE_integer('step_delay_ms', 0,
-                     'Sleep this long after each step: a straggler on '
-                     'purpose, for bench.py.', lower_bound=0)
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
 flags.DEFINE_float('stall_timeout', 180,
                    'Seconds without a new global step after which every '
                    'worker gives up, naming the workers that are gone.')
 flags.register_validator('stall_timeout', lambda v: v > 0,
-                         'must be positive')
-flags.register_validator('learning_rate', lambda v: v > 0,
                          'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
                          'must be in (0, 1]')
@@ -123,6 +110,12 @@ def parse_flags(argv):
         usage_error(e)
 
 
+# --------------------------------------------------------- one-line errors
+
+def task_name():
+    return '/job:%s/task:%d' % (FLAGS.job_name, FLAGS.task_index)
+
+
 def usage_error(message):
     print('%s: error: %s' % (os.path.basename(sys.argv[0]), message),
           file=sys.stderr)
@@ -135,9 +128,21 @@ def fail(message):
     sys.exit(1)
 
 
-def task_name():
-    return '/job:%s/task:%d' % (FLAGS.job_name, FLAGS.task_index)
+def die(message, status=1):
+    """One line on stderr, and the whole task ends at once, from any thread.
 
+    With os._exit: closing a session whose ps is gone, or that another
+    thread is inside, can block for good, and so can the interpreter's own
+    clean-up.
+    """
+    try:
+        print('%s: %s' % (task_name(), message), file=sys.stderr, flush=True)
+    except OSError:  # nobody reads stderr any more
+        pass
+    os._exit(status)
+
+
+# -------------------------------------------- where the cluster comes from
 
 def cluster_spec_from_flags():
     """The cluster, and this task's place in it, from the first of: --ps and
@@ -208,6 +213,8 @@ def _slurm_resolver():
                     auto_set_gpu=False)
 
 
+# ------------------------------------------ this task's server and configs
+
 def start_server(cluster):
     """This task's server, once what it will write is known to be writable."""
     if FLAGS.job_name == 'worker' and FLAGS.task_index == 0:
@@ -250,9 +257,9 @@ def session_config(cluster):
             per_process_gpu_memory_fraction=FLAGS.gpu_memory_fraction))
 
 
-# -------------------------------------------------------------------- data
+# ------------------------------------------------------ each worker's data
 
-def load_mnist(cluster):
+def load_mnist(cluster, batch_size):
     """The data sets of --data_dir, or the end of this task saying why not.
     With --shard_data, this worker's own slice of the training set."""
     try:
@@ -265,97 +272,13 @@ def load_mnist(cluster):
         mnist = mnist._replace(train=mnist_data.Split(
             mnist.train.images[FLAGS.task_index::num_workers],
             mnist.train.labels[FLAGS.task_index::num_workers]))
-    if len(mnist.train.images) < FLAGS.batch_size:
+    if len(mnist.train.images) < batch_size:
         fail('%d training images are fewer than --batch_size=%d'
-             % (len(mnist.train.images), FLAGS.batch_size))
+             % (len(mnist.train.images), batch_size))
     return mnist
 
 
-# ------------------------------------------------------------------- model
-
-Model = collections.namedtuple('Model', ['x', 'y_', 'loss', 'accuracy'])
-
-
-def softmax_regression():
-    """The book's model: softmax regression of the 784 pixels."""
-    x = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS], name='x')
-    y_ = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES], name='y_')
-    w = tf.Variable(tf.random_normal(
-        [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]), name='w')
-    b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
-    logits = tf.matmul(x, w) + b
-    loss = tf.reduce_mean(
-        tf.nn.softmax_cross_entropy_with_logits_v2(labels=y_, logits=logits))
-    correct = tf.equal(tf.argmax(logits, 1), tf.argmax(y_, 1))
-    return Model(x, y_, loss, tf.reduce_mean(tf.cast(correct, tf.float32)))
-
-
-class TrainingLog:
-    """What a worker prints as it trains, and what the chief writes for
-    TensorBoard when there is a --logdir."""
-
-    SUMMARY_EVERY_STEPS = 50
-    PROGRESS_EVERY_SECS = 10
-
-    def __init__(self, sv, sess, model, mnist, global_step):
-        self.sv, self.sess, self.model, self.mnist = sv, sess, model, mnist
-        self.writing = sv.summary_writer is not None
-        self.started = self.last_progress = time.time()
-        self.local_step = 0
-        print('worker=%d, starting at global_step=%d'
-              % (FLAGS.task_index, global_step), flush=True)
-
-    def step(self, global_step, loss):
-        """After each training step."""
-        self.local_step += 1
-        if FLAGS.step_delay_ms:
-            time.sleep(FLAGS.step_delay_ms / 1000)
-        if self.writing and self.local_step % self.SUMMARY_EVERY_STEPS == 0:
-            self._summary(global_step, loss=loss)
-        if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
-            self.last_progress = time.time()
-            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
-                  % (FLAGS.task_index, global_step, self.local_step,
-                     self.local_step / (self.last_progress - self.started)),
-                  flush=True)
-
-    def epoch(self, epoch, global_step, loss):
-        """After each whole epoch: the book's line."""
-        if (epoch + 1) % FLAGS.print_every_epochs:
-            return
-        print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
-              % (FLAGS.task_index, epoch, global_step, self.local_step,
-                 float(loss)), flush=True)
-        if self.writing:
-            self._summary(
-                global_step,
-                validation_accuracy=self._accuracy(self.mnist.validation),
-                test_accuracy=self._accuracy(self.mnist.test))
-
-    def final(self, global_step):
-        """Test accuracy, and how long and fast this worker trained."""
-        seconds = time.time() - self.started
-        accuracy = self._accuracy(self.mnist.test)
-        print('worker=%d, final accuracy = %s'
-              % (FLAGS.task_index, float(accuracy)), flush=True)
-        print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
-              'steps_per_sec=%.1f' % (FLAGS.task_index, self.local_step,
-                                      global_step, seconds,
-                                      self.local_step / seconds), flush=True)
-        if self.writing:
-            self._summary(global_step, test_accuracy=accuracy)
-
-    def _accuracy(self, split):
-        return self.sess.run(self.model.accuracy, feed_dict={
-            self.model.x: split.images, self.model.y_: split.labels})
-
-    def _summary(self, global_step, **values):
-        self.sv.summary_computed(self.sess, tf.Summary(value=[
-            tf.Summary.Value(tag=tag, simple_value=value)
-            for tag, value in values.items()]), global_step=global_step)
-
-
-# ---------------------------------------------------------------- liveness
+# --------------------------------------------- waiting for the other tasks
 
 def is_listening(address, timeout=1.0):
     host, _, port = address.rpartition(':')
@@ -445,44 +368,7 @@ def _prepare_or_wait(sv, server, cluster):
     return sess
 
 
-def close_session(sv, sess):
-    """Ends a worker's session and the Supervisor's threads.
-
-    The threads are told to stop first, then the session is closed, which
-    cancels what they are blocked in, such as the sync chief's wait for
-    gradients that no worker will send any more; only then can they be joined.
-    """
-    if sv.save_path:  # the chief, with a --logdir: a last checkpoint
-        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
-    sv.request_stop()
-    sess.close()
-    sv.stop()
-
-
-def leave():
-    """Ends this task at once, with status 0, once all is said and closed.
-
-    TensorFlow cannot stop its gRPC server, and tearing the interpreter down
-    around it takes a second or more for nothing.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def die(message, status=1):
-    """One line on stderr, and the whole task ends at once, from any thread.
-
-    With os._exit: closing a session whose ps is gone, or that another
-    thread is inside, can block for good, and so can the interpreter's own
-    clean-up.
-    """
-    try:
-        print('%s: %s' % (task_name(), message), file=sys.stderr, flush=True)
-    except OSError:  # nobody reads stderr any more
-        pass
-    os._exit(status)
-
+# ---------------------------------------------------------------- liveness
 
 class Watchdog(threading.Thread):
     """A thread that watches the other workers' ports, and the global step.
@@ -582,6 +468,69 @@ def exit_if_cluster_lost(cluster):
         die('error: lost the connection to %s' % task)
 
 
+# --------------------------------------------------- what a worker reports
+
+class TrainingLog:
+    """What a worker prints as it trains, and what the chief writes for
+    TensorBoard when there is a --logdir.
+
+    accuracy_on(split) is the model's accuracy on a split of the data.
+    """
+
+    SUMMARY_EVERY_STEPS = 50
+    PROGRESS_EVERY_SECS = 10
+
+    def __init__(self, sv, sess, global_step, accuracy_on, mnist):
+        self.sv, self.sess = sv, sess
+        self.accuracy_on, self.mnist = accuracy_on, mnist
+        self.writing = sv.summary_writer is not None
+        self.started = self.last_progress = time.time()
+        self.local_step = 0
+        print('worker=%d, starting at global_step=%d'
+              % (FLAGS.task_index, global_step), flush=True)
+
+    def step(self, global_step, loss):
+        """After each training step."""
+        self.local_step += 1
+        if self.writing and self.local_step % self.SUMMARY_EVERY_STEPS == 0:
+            self._summary(global_step, loss=loss)
+        if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
+            self.last_progress = time.time()
+            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
+                  % (FLAGS.task_index, global_step, self.local_step,
+                     self.local_step / (self.last_progress - self.started)),
+                  flush=True)
+
+    def epoch(self, epoch, global_step, loss):
+        """After each whole epoch: the book's line."""
+        if (epoch + 1) % FLAGS.print_every_epochs:
+            return
+        print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
+              % (FLAGS.task_index, epoch, global_step, self.local_step,
+                 float(loss)), flush=True)
+        if self.writing:
+            self._summary(
+                global_step,
+                validation_accuracy=self.accuracy_on(self.mnist.validation),
+                test_accuracy=self.accuracy_on(self.mnist.test))
+
+    def final(self, global_step, accuracy):
+        """How long and fast this worker trained, after its final test
+        accuracy."""
+        seconds = time.time() - self.started
+        print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
+              'steps_per_sec=%.1f' % (FLAGS.task_index, self.local_step,
+                                      global_step, seconds,
+                                      self.local_step / seconds), flush=True)
+        if self.writing:
+            self._summary(global_step, test_accuracy=accuracy)
+
+    def _summary(self, global_step, **values):
+        self.sv.summary_computed(self.sess, tf.Summary(value=[
+            tf.Summary.Value(tag=tag, simple_value=value)
+            for tag, value in values.items()]), global_step=global_step)
+
+
 # ----------------------------------------------------------------- signals
 
 def exit_on_signals():
@@ -604,6 +553,31 @@ def exit_on_signals():
 
 
 # ------------------------------------------------------------ end of a run
+
+def close_session(sv, sess):
+    """Ends a worker's session and the Supervisor's threads.
+
+    The threads are told to stop first, then the session is closed, which
+    cancels what they are blocked in, such as the sync chief's wait for
+    gradients that no worker will send any more; only then can they be joined.
+    """
+    if sv.save_path:  # the chief, with a --logdir: a last checkpoint
+        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+    sv.request_stop()
+    sess.close()
+    sv.stop()
+
+
+def leave():
+    """Ends this task at once, with status 0, once all is said and closed.
+
+    TensorFlow cannot stop its gRPC server, and tearing the interpreter down
+    around it takes a second or more for nothing.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
 
 def serve_until_workers_gone(cluster):
     """The ps side of the end of a run: serve until every worker has come up

@@ -2,23 +2,50 @@
 updates: every worker applies its own gradients to the shared variables as
 soon as it has computed them.
 
+The ps tasks hold the variables and serve them; each worker reads them,
+computes the gradient of its own batch, and sends it back to be applied.
+Worker 0, the chief, also initializes the variables (or restores them from a
+checkpoint) and writes checkpoints and summaries.
+
 Start one process per task, for example on one machine:
     python mnist_dist_async.py --job_name=ps --task_index=0
     python mnist_dist_async.py --job_name=worker --task_index=0   # the chief
     python mnist_dist_async.py --job_name=worker --task_index=1
     python mnist_dist_async.py --job_name=worker --task_index=2
+The cluster's flags (--ps, --worker, --data_dir, --logdir...) are in
+cluster_utils.py.
 """
 
-import numpy as np
-from absl import app
+import os
+import time
 
-import cluster_utils
-import mnist_data
-from cluster_utils import FLAGS, tf
+# TensorFlow prints pages of C++ start-up lines unless told before its import.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import numpy as np  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import cluster_utils  # noqa: E402
+import mnist_data  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
+flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
+                     lower_bound=1)
+flags.DEFINE_integer('epochs', 50,
+                     'Passes of each worker over the training set.',
+                     lower_bound=1)
+flags.DEFINE_integer('step_delay_ms', 0,
+                     'Sleep this long after each step: a straggler on '
+                     'purpose, for bench.py.', lower_bound=0)
+flags.register_validator('learning_rate', lambda v: v > 0, 'must be positive')
 
 
 def main(_):
     cluster_utils.exit_on_signals()
+    tf.disable_v2_behavior()  # graphs and sessions, as in TensorFlow 1.x
+    tf.logging.set_verbosity(tf.logging.ERROR)
     cluster = cluster_utils.cluster_spec_from_flags()
     server = cluster_utils.start_server(cluster)
 
@@ -26,7 +53,7 @@ def main(_):
         cluster_utils.serve_until_workers_gone(cluster)
         cluster_utils.leave()
 
-    mnist = cluster_utils.load_mnist(cluster)
+    mnist = cluster_utils.load_mnist(cluster, FLAGS.batch_size)
     is_chief = FLAGS.task_index == 0
 
     # Variables go to the ps tasks, the computation stays on this worker.
@@ -36,9 +63,21 @@ def main(_):
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
         global_step = tf.train.get_or_create_global_step()
-        model = cluster_utils.softmax_regression()
+
+        # The book's model: softmax regression of the 784 pixels.
+        x = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
+        y_ = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
+        w = tf.Variable(tf.random_normal(
+            [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]), name='w')
+        b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
+        logits = tf.matmul(x, w) + b
+        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
+            labels=y_, logits=logits))
+        correct = tf.equal(tf.argmax(logits, 1), tf.argmax(y_, 1))
+        accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
+
         opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
-        train_op = opt.minimize(model.loss, global_step=global_step)
+        train_op = opt.minimize(loss, global_step=global_step)
 
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir, and saves them there every minute; the others
@@ -57,21 +96,29 @@ def main(_):
     steps_per_epoch = len(mnist.train.images) // FLAGS.batch_size
     last_step = FLAGS.epochs * steps_per_epoch * cluster.num_tasks('worker')
 
+    def accuracy_on(split):
+        return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
+
     rng = np.random.default_rng(FLAGS.task_index)
     with cluster_utils.exit_if_cluster_lost(cluster):
         step = sess.run(global_step)
-        log = cluster_utils.TrainingLog(sv, sess, model, mnist, step)
+        log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
         for epoch in range(FLAGS.epochs):
             if step >= last_step:
                 break
             for batch_x, batch_y in mnist_data.epoch_batches(
                     mnist.train, FLAGS.batch_size, rng):
-                _, loss, step = sess.run(
-                    [train_op, model.loss, global_step],
-                    feed_dict={model.x: batch_x, model.y_: batch_y})
-                log.step(step, loss)
-            log.epoch(epoch, step, loss)
-        log.final(step)
+                _, loss_value, step = sess.run(
+                    [train_op, loss, global_step],
+                    feed_dict={x: batch_x, y_: batch_y})
+                log.step(step, loss_value)
+                if FLAGS.step_delay_ms:
+                    time.sleep(FLAGS.step_delay_ms / 1000)
+            log.epoch(epoch, step, loss_value)
+        final_accuracy = accuracy_on(mnist.test)
+        print('worker=%d, final accuracy = %s'
+              % (FLAGS.task_index, final_accuracy), flush=True)
+        log.final(step, final_accuracy)
     cluster_utils.close_session(sv, sess)
     cluster_utils.leave()
 

@@ -1,6 +1,7 @@
 """Fixtures: free ports, IDX data sets, an HTTP mirror, and tasks run as real
 processes."""
 
+import contextlib
 import gzip
 import http.server
 import os
@@ -35,11 +36,19 @@ def final_accuracies(output):
     return {int(w): float(a) for w, a in ACCURACY.findall(output)}
 
 
+def _free_ports(n):
+    # Held open together, the sockets get n distinct ports.
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(('localhost', 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 @pytest.fixture
 def free_ports():
     """free_ports(n): n distinct ports that nothing listens on right now."""
-    from bench import free_ports
-    return free_ports
+    return _free_ports
 
 
 @pytest.fixture

@@ -2,10 +2,15 @@
 figures are for people to read; no test holds them to a number."""
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # not in the fast tier
 
 
 def test_bench_reports_every_figure(small_data, tmp_path):
@@ -14,7 +19,8 @@ def test_bench_reports_every_figure(small_data, tmp_path):
         [sys.executable, 'bench.py', '--data_dir=' + small_data,
          '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
          '--workers=1', '--repeats=1', '--baseline_steps=200',
-         '--target_accuracy=0.5', '--json=' + str(out)],
+         '--target_accuracy=0.5', '--tf2_steps_per_function=1,5',
+         '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
@@ -29,6 +35,23 @@ def test_bench_reports_every_figure(small_data, tmp_path):
         assert run['seconds_to_all_training'] > 0
         assert 0 <= run['seconds_last_step_to_all_gone'] < 30
         assert run['accuracy'] > 0.5
+    assert sorted(figures['tf2']) == [
+        'TF 2.x PS strategy, 1 workers, %d steps/function' % k for k in (1, 5)]
+    for run in figures['tf2'].values():
+        assert run['steps_per_sec'] > 0
+        assert run['accuracy'] > 0.5
+    assert figures['floor']['reads_per_sec_scalar'] > 0
+    assert figures['floor']['reads_per_sec_w'] > 0
     # The classes of the small data are learned within the first epochs.
+    tf2_best = max(figures['tf2'],
+                   key=lambda name: figures['tf2'][name]['steps_per_sec'])
+    assert sorted(figures['seconds_to_target']) == sorted([
+        'one process', 'async, 1 workers', 'sync, 1 workers', tf2_best])
     assert all(0 < s < 120 for s in figures['seconds_to_target'].values())
     assert '| async, 1 workers |' in result.stdout
+    assert '| TF 2.x PS strategy, 1 workers, 5 steps/function |' in (
+        result.stdout)
+    assert 'Round-trip floor' in result.stdout
+    # A progress line for each run as it starts.
+    assert re.search(r'^bench: \d+:\d\d async, 1 workers, run 1 of 1$',
+                     result.stderr, re.M), result.stderr

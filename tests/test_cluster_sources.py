@@ -10,6 +10,8 @@ import pytest
 from conftest import final_accuracies
 from test_failures import assert_clean_exit, assert_one_error_line
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 SMALL_RUN = ['--validation_size=100', '--epochs=3', '--learning_rate=0.5']
 
 

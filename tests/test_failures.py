@@ -12,6 +12,8 @@ import pytest
 
 from conftest import final_accuracies, left_running, listening, own_lines
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 # Long enough to be killed mid-run: 10 steps an epoch on the small data.
 LONG_RUN = ['--epochs=300', '--print_every_epochs=1', '--validation_size=100']
 SHORT_RUN = ['--epochs=2', '--validation_size=100']

@@ -13,6 +13,8 @@ import mnist_data
 from conftest import (final_accuracies, left_running, listening, own_lines,
                       write_dataset)
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+)$',
                      re.M)
 

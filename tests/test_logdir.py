@@ -15,6 +15,8 @@ from test_failures import assert_clean_exit
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 STARTING = re.compile(r'^worker=(\d+), starting at global_step=(\d+)$', re.M)
 TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import final_accuracies, left_running
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 PORT = 2222
 SUBNET = '10.213.%d.%d'
 

@@ -23,6 +23,8 @@ from packaging.specifiers import SpecifierSet
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # not in the fast tier
+
 PY37 = {'python_version': '3.7', 'python_full_version': '3.7.17'}
 FOR_PY37 = ['--python-version', '3.7', '--only-binary=:all:',
             '--platform', 'manylinux2014_x86_64',

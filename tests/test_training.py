@@ -52,6 +52,7 @@ def test_three_workers_learn_small_data(procs, free_ports, small_data, script):
                     for i, o in enumerate(outputs)}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script, expected', [('async', 0.7), ('sync', 0.6)])
 def test_fashion_mnist_two_epochs(procs, free_ports, fashion_mnist, script,
                                   expected):
