@@ -259,7 +259,7 @@ def session_config(cluster):
 
 # ------------------------------------------------------ each worker's data
 
-def load_mnist(cluster, batch_size):
+def load_mnist(cluster, images_per_run):
     """The data sets of --data_dir, or the end of this task saying why not.
     With --shard_data, this worker's own slice of the training set."""
     try:
@@ -272,9 +272,10 @@ def load_mnist(cluster, batch_size):
         mnist = mnist._replace(train=mnist_data.Split(
             mnist.train.images[FLAGS.task_index::num_workers],
             mnist.train.labels[FLAGS.task_index::num_workers]))
-    if len(mnist.train.images) < batch_size:
-        fail('%d training images are fewer than --batch_size=%d'
-             % (len(mnist.train.images), batch_size))
+    if len(mnist.train.images) < images_per_run:
+        fail('%d training images are fewer than the %d of one session.run '
+             '(--batch_size, times --steps_per_run)'
+             % (len(mnist.train.images), images_per_run))
     return mnist
 
 
@@ -489,10 +490,11 @@ class TrainingLog:
         print('worker=%d, starting at global_step=%d'
               % (FLAGS.task_index, global_step), flush=True)
 
-    def step(self, global_step, loss):
-        """After each training step."""
-        self.local_step += 1
-        if self.writing and self.local_step % self.SUMMARY_EVERY_STEPS == 0:
+    def step(self, global_step, loss, steps=1):
+        """After each session.run of `steps` training steps."""
+        self.local_step += steps
+        every = self.SUMMARY_EVERY_STEPS
+        if self.writing and self.local_step % every < steps:
             self._summary(global_step, loss=loss)
         if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
             self.last_progress = time.time()

@@ -57,7 +57,9 @@ def main(_):
         cluster_utils.serve_until_workers_gone(cluster)
         cluster_utils.leave()
 
-    mnist = cluster_utils.load_mnist(cluster, FLAGS.batch_size)
+    steps_per_run = 1  # SYNC: as below
+    mnist = cluster_utils.load_mnist(cluster,
+                                     FLAGS.batch_size * steps_per_run)
     is_chief = FLAGS.task_index == 0
 
     # Variables go to the ps tasks, the computation stays on this worker.
@@ -75,12 +77,16 @@ def main(_):
             [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]), name='w')
         b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
         logits = tf.matmul(x, w) + b
-        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=y_, logits=logits))
         correct = tf.equal(tf.argmax(logits, 1), tf.argmax(y_, 1))
         accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
 
         opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
+
+        # SYNC: one step per session.run, as in the book: the wrapped
+        # optimizer's queue runner and init ops serve only the last update
+        # it makes in a graph, and each step waits for the other workers.
+        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
+            labels=y_, logits=logits))
         # SYNC: wrap the optimizer; its accumulators and token queue live on
         # the ps tasks.
         num_workers = cluster.num_tasks('worker')
@@ -155,11 +161,11 @@ def main(_):
         epoch = 0
         while step < last_step:
             for batch_x, batch_y in mnist_data.epoch_batches(
-                    mnist.train, FLAGS.batch_size, rng):
+                    mnist.train, FLAGS.batch_size * steps_per_run, rng):
                 step, loss_value = sess.run(
                     [step_after, loss],
                     feed_dict={x: batch_x, y_: batch_y})
-                log.step(step, loss_value)
+                log.step(step, loss_value, steps_per_run)
                 if FLAGS.step_delay_ms:
                     time.sleep(FLAGS.step_delay_ms / 1000)
                 if step >= last_step:

@@ -20,6 +20,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
          '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
          '--workers=1', '--repeats=1', '--baseline_steps=200',
          '--target_accuracy=0.5', '--tf2_steps_per_function=1,5',
+         '--async_steps_per_run=5',
          '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -27,7 +28,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     assert figures['baseline']['steps_per_sec'] > 0
     assert all(s > 0 for s in figures['import_seconds'].values())
     assert sorted(figures['clusters']) == sorted([
-        'async, 1 workers', 'sync, 1 workers',
+        'async, 1 workers', 'sync, 1 workers', 'async, 1 workers, 5 steps/run',
         'async, 3 workers, 1 straggler', 'sync, 3 workers, 1 straggler',
         'sync, 3 workers, 1 straggler, 1 backup'])
     for run in figures['clusters'].values():
@@ -46,7 +47,8 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     tf2_best = max(figures['tf2'],
                    key=lambda name: figures['tf2'][name]['steps_per_sec'])
     assert sorted(figures['seconds_to_target']) == sorted([
-        'one process', 'async, 1 workers', 'sync, 1 workers', tf2_best])
+        'one process', 'async, 1 workers', 'sync, 1 workers',
+        'async, 1 workers, 5 steps/run', tf2_best])
     assert all(0 < s < 120 for s in figures['seconds_to_target'].values())
     assert '| async, 1 workers |' in result.stdout
     assert '| TF 2.x PS strategy, 1 workers, 5 steps/function |' in (

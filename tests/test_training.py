@@ -53,6 +53,19 @@ def test_three_workers_learn_small_data(procs, free_ports, small_data, script):
 
 
 @pytest.mark.slow
+def test_steps_per_run_makes_the_same_steps(procs, free_ports, small_data):
+    # 10 steps an epoch, 5 to a session.run: the epochs and the accuracy of
+    # one step per run.
+    outputs = train(procs, free_ports, 'async', small_data, '--epochs=6',
+                    '--validation_size=100', '--learning_rate=0.5',
+                    '--print_every_epochs=2', '--steps_per_run=5')
+    for i, output in enumerate(outputs):
+        assert final_accuracies(output)[i] > 0.9, output
+        assert [(int(e), int(local)) for _, e, _, local, _
+                in EPOCH_LINE.findall(output)] == [(1, 20), (3, 40), (5, 60)]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('script, expected', [('async', 0.7), ('sync', 0.6)])
 def test_fashion_mnist_two_epochs(procs, free_ports, fashion_mnist, script,
                                   expected):
