@@ -412,6 +412,7 @@ def report(results):
 
 
 def main(_):
+    tf.logging.set_verbosity(tf.logging.ERROR)  # else the next line warns
     tf.disable_v2_behavior()
     mnist = mnist_data.read_data_sets(FLAGS.data_dir, FLAGS.validation_size,
                                       FLAGS.data_mirror)

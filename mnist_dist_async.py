@@ -37,8 +37,8 @@ flags.DEFINE_integer('epochs', 50,
                      'Passes of each worker over the training set.',
                      lower_bound=1)
 flags.DEFINE_integer('step_delay_ms', 0,
-                     'Sleep this long after each step: a straggler on '
-                     'purpose, for bench.py.', lower_bound=0)
+                     'Sleep this long after each session.run: a straggler '
+                     'on purpose, for bench.py.', lower_bound=0)
 flags.register_validator('learning_rate', lambda v: v > 0, 'must be positive')
 # ASYNC: the speed-up of bench.py's table; 1 is the book's step.
 flags.DEFINE_integer('steps_per_run', 1,
@@ -49,8 +49,8 @@ flags.DEFINE_integer('steps_per_run', 1,
 
 def main(_):
     cluster_utils.exit_on_signals()
+    tf.logging.set_verbosity(tf.logging.ERROR)  # else the next line warns
     tf.disable_v2_behavior()  # graphs and sessions, as in TensorFlow 1.x
-    tf.logging.set_verbosity(tf.logging.ERROR)
     cluster = cluster_utils.cluster_spec_from_flags()
     server = cluster_utils.start_server(cluster)
 
