@@ -94,8 +94,10 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
                                            tmp_path, script):
+    # 10 ms a step: async workers would otherwise finish their 1,500 steps,
+    # and the ps leave, before the new chief has imported TensorFlow.
     flags = ['--data_dir=' + small_data, '--validation_size=100',
-             '--print_every_epochs=1', '--epochs=150',
+             '--print_every_epochs=1', '--epochs=150', '--step_delay_ms=10',
              '--logdir=' + str(tmp_path / 'logdir')]
     ports = free_ports(4)
     ps, workers = procs.cluster(script, lambda n: ports, *flags)
