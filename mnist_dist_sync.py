@@ -145,12 +145,6 @@ def main(_):
     sess = cluster_utils.supervised_session(sv, server, cluster,
                                             on_worker_gone=worker_gone)
 
-    # SYNC: the chief runs the queue runner that applies the aggregated
-    # gradients, and puts in the tokens that let the first step complete.
-    if is_chief:
-        sv.start_queue_runners(sess, [chief_queue_runner])
-        sess.run(init_tokens_op)
-
     def accuracy_on(split):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
 
@@ -158,6 +152,12 @@ def main(_):
     with cluster_utils.exit_if_cluster_lost(cluster):
         step = sess.run(global_step)  # SYNC: a latecomer may find it done
         log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
+        # SYNC: the chief runs the queue runner that applies the aggregated
+        # gradients, and puts in the tokens that let the first step complete;
+        # only now, so that no update can come before the step it logged.
+        if is_chief:
+            sv.start_queue_runners(sess, [chief_queue_runner])
+            sess.run(init_tokens_op)
         epoch = 0
         while step < last_step:
             for batch_x, batch_y in mnist_data.epoch_batches(
