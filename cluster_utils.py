@@ -36,10 +36,10 @@ flags.DEFINE_string('ps', 'localhost:9001',
                     'else from Slurm under srun, else from their defaults.')
 flags.DEFINE_string('worker', 'localhost:9002,localhost:9003,localhost:9004',
                     'Comma-separated host:port list of the worker tasks.')
-flags.DEFINE_integer('num_ps', 1, 'Under Slurm: how many of its tasks are ps '
+flags.DEFINE_integer('num_ps', 1, 'Under srun: how many of its tasks are ps '
                      'tasks (the first ones).', lower_bound=1)
 flags.DEFINE_integer('slurm_port_base', 8888,
-                     'Under Slurm: the port of the first task on each node.',
+                     'Under srun: the port of the first task on each node.',
                      lower_bound=1)
 flags.DEFINE_string('data_dir', mnist_data.DEFAULT_DIR,
                     'Directory with the four MNIST IDX .gz files; missing '
@@ -90,15 +90,11 @@ def parse_host_list(value):
 @flags.multi_flags_validator(['ps', 'worker'],
                              message='the cluster flags do not fit together')
 def _check_host_lists(values):
-    hosts = []
     for job in ('ps', 'worker'):
         try:
-            hosts += parse_host_list(values[job])
+            parse_host_list(values[job])
         except ValueError as e:
             raise flags.ValidationError('--%s: %s' % (job, e))
-    for host in hosts:
-        if hosts.count(host) > 1:
-            raise flags.ValidationError('%s is given to two tasks' % host)
     return True
 
 
@@ -147,48 +143,58 @@ def die(message, status=1):
 def cluster_spec_from_flags():
     """The cluster, and this task's place in it, from the first of: --ps and
     --worker; TF_CONFIG (how Kubeflow's TFJob and managed services describe
-    it); Slurm's variables under srun; the defaults of --ps and --worker."""
+    it); Slurm's variables inside a step of srun; the defaults of --ps and
+    --worker."""
     given = FLAGS['ps'].present or FLAGS['worker'].present
+    # An sbatch script's own shell has SLURM_PROCID too, but is no step of
+    # srun: tasks started there by hand describe the cluster with flags.
     sources = [name for name, present in (
         ('--ps/--worker', given), ('TF_CONFIG', 'TF_CONFIG' in os.environ),
-        ('Slurm', 'SLURM_PROCID' in os.environ)) if present]
+        ('Slurm', 'SLURM_STEP_ID' in os.environ)) if present]
     if given and len(sources) > 1:
         usage_error('both %s describe the cluster: give one'
                     % ' and '.join(sources))
     source = sources[0] if sources else 'the defaults of --ps/--worker'
     if source == 'TF_CONFIG':
-        cluster = _resolve(
-            source, tf.distribute.cluster_resolver.TFConfigClusterResolver)
+        cluster = _resolve(source, _tf_config_cluster)
     elif source == 'Slurm':
-        cluster = _resolve(source, _slurm_resolver)
+        cluster = _resolve(source, _slurm_cluster)
     else:
         cluster = tf.train.ClusterSpec({'ps': parse_host_list(FLAGS.ps),
                                         'worker': parse_host_list(FLAGS.worker)})
     if sorted(cluster.jobs) != ['ps', 'worker']:
         usage_error('%s: the cluster needs jobs ps and worker (worker 0 is the '
                     'chief), not %s' % (source, ', '.join(sorted(cluster.jobs))))
+    # A task that listens where the spec puts another would serve the wrong
+    # devices to the tasks that come to it.
+    addresses = cluster.job_tasks('ps') + cluster.job_tasks('worker')
+    for address in addresses:
+        if addresses.count(address) > 1:
+            usage_error('%s: %s is given to two tasks' % (source, address))
     if FLAGS.job_name is None:
         usage_error('--job_name is required: ps or worker')
     tasks = cluster.num_tasks(FLAGS.job_name)
     if FLAGS.task_index >= tasks:
         usage_error('--task_index=%d, but %s lists only %d %s task(s)'
                     % (FLAGS.task_index, source, tasks, FLAGS.job_name))
-    print('%s: cluster from %s: ps %s, workers %s'
+    here = cluster.task_address(FLAGS.job_name, FLAGS.task_index)
+    if source == 'Slurm':
+        here += ' (Slurm task %s on %s)' % (os.environ['SLURM_PROCID'],
+                                           os.environ.get('SLURMD_NODENAME'))
+    print('%s: cluster from %s: ps %s, workers %s; this task: %s'
           % (task_name(), source, ','.join(cluster.job_tasks('ps')),
-             ','.join(cluster.job_tasks('worker'))), flush=True)
+             ','.join(cluster.job_tasks('worker')), here), flush=True)
     return cluster
 
 
-def _resolve(source, make_resolver):
-    """The cluster that a TensorFlow cluster resolver finds, and this task's
-    job and index from it too, unless given as flags, which must agree."""
+def _resolve(source, resolve):
+    """The cluster that resolve() finds, and this task's job and index from
+    it too, unless given as flags, which must agree."""
     try:
-        resolver = make_resolver()
-        cluster = resolver.cluster_spec()
+        cluster, job_name, task_index = resolve()
     except (KeyError, ValueError, RuntimeError) as e:
         usage_error('%s: %s' % (source, e))
-    for name, value in (('job_name', resolver.task_type),
-                        ('task_index', resolver.task_id)):
+    for name, value in (('job_name', job_name), ('task_index', task_index)):
         if FLAGS[name].present and FLAGS[name].value != value:
             usage_error('--%s=%s, but %s says %s'
                         % (name, FLAGS[name].value, source, value))
@@ -197,20 +203,94 @@ def _resolve(source, make_resolver):
     return cluster
 
 
-def _slurm_resolver():
-    """TensorFlow's resolver for the tasks of this srun: the first --num_ps
-    are the ps, the rest the workers."""
-    num_tasks = int(os.environ.get('SLURM_STEP_NUM_TASKS',
-                                   os.environ.get('SLURM_NTASKS', 0)))
-    jobs = {'ps': FLAGS.num_ps, 'worker': num_tasks - FLAGS.num_ps}
-    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver
-    if tf.config.experimental.list_physical_devices('GPU'):
-        return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base)
-    # It hands out ports by GPU: on a node without one, give it a slot per
-    # task, and keep it from setting CUDA_VISIBLE_DEVICES.
-    return resolver(jobs=jobs, port_base=FLAGS.slurm_port_base,
-                    gpus_per_node=num_tasks, gpus_per_task=1,
-                    auto_set_gpu=False)
+def _tf_config_cluster():
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return resolver.cluster_spec(), resolver.task_type, resolver.task_id
+
+
+def _slurm_cluster():
+    """The tasks of this srun step where Slurm placed them: the first
+    --num_ps are the ps, the rest the workers, each on its node's ports from
+    --slurm_port_base up.
+
+    Not TensorFlow's SlurmClusterResolver: it sorts the nodes by name and
+    fills them in turn, while Slurm keeps its own node order (node9 before
+    node10) and may deal the tasks out in turn (srun -m cyclic), so tasks
+    would be given other tasks' hosts.
+    """
+    env = os.environ
+    try:
+        nodes = expand_hostlist(env['SLURM_STEP_NODELIST'])
+        counts = expand_tasks_per_node(env['SLURM_STEP_TASKS_PER_NODE'])
+        rank = int(env['SLURM_PROCID'])
+    except KeyError as e:
+        raise KeyError('%s is not set: is this a step of srun?' % e.args[0])
+    distribution = re.split('[:,]', env.get('SLURM_DISTRIBUTION', ''))[0]
+    placement = slurm_placement(nodes, counts, distribution or 'block')
+    hosts = ['%s:%d' % (node, FLAGS.slurm_port_base
+                        + placement[:i].count(node))
+             for i, node in enumerate(placement)]
+    here = env.get('SLURMD_NODENAME', placement[rank])
+    if here != placement[rank]:
+        raise ValueError(
+            'task %d runs on %s, but the step\'s nodes %s with %s tasks each '
+            '(distribution %s) place it on %s'
+            % (rank, here, env['SLURM_STEP_NODELIST'],
+               env['SLURM_STEP_TASKS_PER_NODE'], distribution or 'block',
+               placement[rank]))
+    if not FLAGS.num_ps < len(hosts):
+        raise ValueError('--num_ps=%d leaves none of the step\'s %d tasks to '
+                         'be a worker' % (FLAGS.num_ps, len(hosts)))
+    cluster = tf.train.ClusterSpec({'ps': hosts[:FLAGS.num_ps],
+                                    'worker': hosts[FLAGS.num_ps:]})
+    if rank < FLAGS.num_ps:
+        return cluster, 'ps', rank
+    return cluster, 'worker', rank - FLAGS.num_ps
+
+
+# One name of a Slurm host list, with its ranges: node[9-10,12]-ib.
+_HOSTS = r'([\w.-]+)(?:\[(\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*)\]([\w.-]*))?'
+
+
+def expand_hostlist(value):
+    """Slurm's 'node[9-10,12],gpu01' -> ['node9', 'node10', 'node12',
+    'gpu01'], in its order."""
+    if not re.fullmatch('%s(,%s)*' % (_HOSTS, _HOSTS), value):
+        raise ValueError('%r is not a Slurm host list' % value)
+    hosts = []
+    for prefix, ranges, suffix in re.findall(_HOSTS, value):
+        if not ranges:
+            hosts.append(prefix)
+        for item in filter(None, ranges.split(',')):
+            first, _, last = item.partition('-')
+            hosts += [prefix + str(i).zfill(len(first)) + suffix
+                      for i in range(int(first), int(last or first) + 1)]
+    return hosts
+
+
+def expand_tasks_per_node(value):
+    """Slurm's '2(x3),1' -> [2, 2, 2, 1]."""
+    if not re.fullmatch(r'\d+(\(x\d+\))?(,\d+(\(x\d+\))?)*', value):
+        raise ValueError('%r is not a Slurm tasks-per-node list' % value)
+    return [int(n) for n, times in re.findall(r'(\d+)(?:\(x(\d+)\))?', value)
+            for _ in range(int(times or 1))]
+
+
+def slurm_placement(nodes, counts, distribution):
+    """The node of each task of a step, as Slurm places them: block fills
+    each node in turn; cyclic deals one task to each node that has room left,
+    round after round."""
+    if len(nodes) != len(counts):
+        raise ValueError('%d nodes but %d tasks-per-node counts'
+                         % (len(nodes), len(counts)))
+    if distribution == 'block':
+        return [node for node, n in zip(nodes, counts) for _ in range(n)]
+    if distribution == 'cyclic':
+        return [node for round_ in range(max(counts))
+                for node, n in zip(nodes, counts) if round_ < n]
+    raise ValueError('tasks of distribution %s cannot be placed from the '
+                     'step\'s variables: use srun -m block or -m cyclic'
+                     % distribution)
 
 
 # ------------------------------------------ this task's server and configs
@@ -322,7 +402,7 @@ def supervised_session(sv, server, cluster, on_worker_gone=None):
     """
     wait_for_tasks(cluster, 'ps')
     watchdog = Watchdog(sv, cluster, on_worker_gone)
-    with exit_if_cluster_lost(cluster):
+    with exit_if_cluster_lost(cluster), exit_if_misplaced(cluster):
         if sv.is_chief and model_is_live(sv, server, cluster):
             sess = sv.session_manager.prepare_session(
                 server.target, config=session_config(cluster))
@@ -359,6 +439,8 @@ def _prepare_or_wait(sv, server, cluster):
                                     FLAGS.startup_timeout))
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
             tf.errors.NotFoundError) as e:
+        if not checkpoint:
+            raise
         fail('cannot restore the checkpoint %s (%s): move it away, or '
              'choose another --logdir'
              % (checkpoint, e.message.splitlines()[0]))
@@ -467,6 +549,24 @@ def exit_if_cluster_lost(cluster):
             task = '/job:%s/task:%d (%s)' % (
                 job, index, cluster.task_address(job, index))
         die('error: lost the connection to %s' % task)
+
+
+@contextlib.contextmanager
+def exit_if_misplaced(cluster):
+    """Ends this worker with a one-line error when the task that answers at
+    an address of its cluster is not the one the cluster puts there: the
+    tasks were given clusters that differ."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as e:
+        unknown = re.search(r'/job:(\w+)/replica:\d+/task:(\d+)/\S+ unknown '
+                            r'device', e.message)
+        if not unknown:
+            raise
+        job, index = unknown.group(1), int(unknown.group(2))
+        fail('cannot place the model on /job:%s/task:%d (%s): another task '
+             'answers there; give every task the same cluster'
+             % (job, index, cluster.task_address(job, index)))
 
 
 # --------------------------------------------------- what a worker reports

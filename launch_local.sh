@@ -60,7 +60,7 @@ fi
 
 # The launcher describes the cluster with --ps/--worker; a TF_CONFIG or a
 # Slurm task of the surroundings would conflict with that.
-unset TF_CONFIG SLURM_PROCID
+unset TF_CONFIG SLURM_STEP_ID
 run_dir=${run_dir:-runs/$mode-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$run_dir" || exit 1
 

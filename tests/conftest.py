@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -254,3 +255,55 @@ def listening(port):
             return True
     except OSError:
         return False
+
+
+def _ip(*args, netns=None):
+    prefix = ['ip', 'netns', 'exec', netns] if netns else []
+    subprocess.run(prefix + ['ip'] + list(args), check=True,
+                   capture_output=True)
+
+
+@contextlib.contextmanager
+def network_hosts(n, delay_ms=0):
+    """n hosts, each a network namespace with its own address, joined by a
+    bridge in a hub namespace that has an address of its own; their links
+    delayed by delay_ms where the kernel has netem. Yields ((hub netns, hub
+    address), [(netns, address)]). Root only: skips elsewhere."""
+    if os.geteuid() != 0:
+        pytest.skip('network namespaces need root')
+    tag = uuid.uuid4().hex[:6]
+    net = '10.213.%d.' % (int(tag[:2], 16) % 250)
+    hub = 'pshub-' + tag
+    if subprocess.run(['ip', 'netns', 'add', hub]).returncode:
+        pytest.skip('cannot make network namespaces here')
+    made = [hub]
+    try:
+        _ip('link', 'add', 'br0', 'type', 'bridge', netns=hub)
+        _ip('addr', 'add', net + '254/24', 'dev', 'br0', netns=hub)
+        _ip('link', 'set', 'br0', 'up', netns=hub)
+        _ip('link', 'set', 'lo', 'up', netns=hub)
+        machines = []
+        for i in range(n):
+            name, address = 'pshost%d-%s' % (i, tag), net + str(i + 1)
+            inside, outside = 'h%d%s' % (i, tag), 'b%d%s' % (i, tag)
+            subprocess.run(['ip', 'netns', 'add', name], check=True)
+            made.append(name)
+            _ip('link', 'add', inside, 'type', 'veth', 'peer', 'name',
+                outside)
+            _ip('link', 'set', inside, 'netns', name)
+            _ip('link', 'set', outside, 'netns', hub)
+            _ip('link', 'set', outside, 'master', 'br0', 'up', netns=hub)
+            _ip('addr', 'add', address + '/24', 'dev', inside, netns=name)
+            _ip('link', 'set', inside, 'up', netns=name)
+            _ip('link', 'set', 'lo', 'up', netns=name)
+            if delay_ms:
+                # Optional: some kernels have no netem (sch_netem).
+                subprocess.run(['ip', 'netns', 'exec', name, 'tc', 'qdisc',
+                                'add', 'dev', inside, 'root', 'netem',
+                                'delay', '%dms' % delay_ms],
+                               capture_output=True)
+            machines.append((name, address))
+        yield (hub, net + '254'), machines
+    finally:
+        for name in made:
+            subprocess.run(['ip', 'netns', 'del', name], capture_output=True)

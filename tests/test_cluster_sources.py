@@ -49,7 +49,8 @@ def test_cluster_from_tf_config(procs, free_ports, small_data, script):
 
 def test_cluster_from_slurm(procs, free_port_run, small_data):
     base = free_port_run(4)
-    envs = [{'SLURM_PROCID': str(rank), 'SLURM_STEP_NUM_TASKS': '4',
+    envs = [{'SLURM_PROCID': str(rank), 'SLURM_STEP_ID': '0',
+             'SLURM_STEP_NUM_TASKS': '4',
              'SLURM_STEP_NODELIST': 'localhost',
              'SLURM_STEP_TASKS_PER_NODE': '4', 'SLURM_JOB_ID': '42'}
             for rank in range(4)]

@@ -1,4 +1,4 @@
-"""Unit tests of cluster_utils: host lists."""
+"""Unit tests of cluster_utils: host lists, and Slurm's placement."""
 
 import pytest
 
@@ -21,3 +21,33 @@ def test_parse_host_list(value, hosts):
 def test_parse_host_list_rejects(value):
     with pytest.raises(ValueError, match='is not host:port'):
         cluster_utils.parse_host_list(value)
+
+
+@pytest.mark.parametrize('value, hosts', [
+    ('node[9-10,12],gpu01', ['node9', 'node10', 'node12', 'gpu01']),
+    ('n[08-10]-ib', ['n08-ib', 'n09-ib', 'n10-ib']),
+])
+def test_expand_hostlist(value, hosts):
+    assert cluster_utils.expand_hostlist(value) == hosts
+
+
+@pytest.mark.parametrize('value', ['', 'node[9-', 'a,,b', 'n[1-2'])
+def test_expand_hostlist_rejects(value):
+    with pytest.raises(ValueError, match='is not a Slurm host list'):
+        cluster_utils.expand_hostlist(value)
+
+
+@pytest.mark.parametrize('distribution, placement', [
+    ('block', ['a', 'a', 'a', 'a', 'a', 'b', 'c', 'd']),
+    # Measured on Slurm 22.05: srun -N4 -n8 -m cyclic gave 5,1(x3).
+    ('cyclic', ['a', 'b', 'c', 'd', 'a', 'a', 'a', 'a']),
+])
+def test_slurm_placement(distribution, placement):
+    assert cluster_utils.slurm_placement(
+        ['a', 'b', 'c', 'd'], cluster_utils.expand_tasks_per_node('5,1(x3)'),
+        distribution) == placement
+
+
+def test_slurm_placement_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match='distribution arbitrary'):
+        cluster_utils.slurm_placement(['a'], [1], 'arbitrary')

@@ -1,0 +1,290 @@
+"""Clusters from Slurm, on a real Slurm: munge, slurmctld, and one slurmd per
+node, each node a network namespace with its own address and a name that
+does not sort in Slurm's order (node9 to node12). The repository's sbatch
+examples are submitted as a user would, adapted in data dir, paths and
+epochs. Root only; skipped, with the reason, where Slurm cannot run."""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, final_accuracies, network_hosts, own_lines
+
+pytestmark = pytest.mark.slow  # not in the fast tier
+
+NODES = ['node9', 'node10', 'node11', 'node12']
+PORT = 2222
+# Each task's line: its role, the cluster, and where it runs.
+TASK_LINE = re.compile(
+    r'^/job:(ps|worker)/task:(\d+): cluster from Slurm: ps (\S+), workers '
+    r'(\S+); this task: (\S+) \(Slurm task (\d+) on (\S+)\)$', re.M)
+
+SLURM_CONF = '''\
+ClusterName=pstest
+SlurmctldHost={controller}({controller_address})
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool-%n
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd-%n.log
+MailProg=/bin/true
+ReturnToService=2
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+{nodes}
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+'''
+
+
+class Slurm:
+    """A running Slurm cluster: submit() runs a batch script to its end."""
+
+    def __init__(self, folder, hub):
+        self.folder, self.hub = folder, hub
+        # The venv's python first, as the tasks' `python`.
+        self.env = dict(os.environ, SLURM_CONF=os.path.join(folder,
+                                                            'slurm.conf'),
+                        PATH=os.path.dirname(sys.executable) + ':'
+                        + os.environ['PATH'])
+
+    def command(self, *args, **kwargs):
+        """A Slurm command, run where the controller can be reached."""
+        return subprocess.run(['nsenter', '--net=/run/netns/' + self.hub]
+                              + list(args), env=self.env,
+                              capture_output=True, text=True, **kwargs)
+
+    def submit(self, script, *options, timeout=180):
+        """Runs a batch script (text) to its end; returns (exit status of
+        the job, its output)."""
+        path = os.path.join(self.folder, 'job-%d.sbatch' % time.time_ns())
+        with open(path, 'w') as f:
+            f.write(script)
+        output = path + '.out'
+        started = self.command('sbatch', '--parsable', '--wait',
+                               '--chdir=' + REPO, '--output=' + output,
+                               *options, path, timeout=timeout)
+        if not os.path.exists(output):
+            pytest.fail('sbatch ran no job: %s' % started.stderr)
+        with open(output) as f:
+            return started.returncode, f.read()
+
+    def idle_nodes(self):
+        result = self.command('sinfo', '-h', '-t', 'idle', '-o', '%D')
+        return int(result.stdout.strip() or 0)
+
+
+@pytest.fixture(scope='module')
+def slurm(tmp_path_factory):
+    if shutil.which('slurmctld') is None or shutil.which('munged') is None:
+        pytest.skip('Slurm is not installed (Debian packages slurm-wlm and '
+                    'munge)')
+    folder = str(tmp_path_factory.mktemp('slurm'))
+    os.makedirs(os.path.join(folder, 'state'))
+    with network_hosts(len(NODES)) as ((hub, hub_address), machines):
+        # Node names resolve to the nodes' addresses for the tasks, in the
+        # mount namespace of each slurmd.
+        with open(os.path.join(folder, 'hosts'), 'w') as f:
+            f.write('127.0.0.1 localhost\n' + ''.join(
+                '%s %s\n' % (address, name)
+                for name, (_, address) in zip(NODES, machines)))
+        with open(os.path.join(folder, 'munge.key'), 'wb') as f:
+            f.write(os.urandom(1024))
+        os.chmod(os.path.join(folder, 'munge.key'), 0o400)
+        with open(os.path.join(folder, 'slurm.conf'), 'w') as f:
+            f.write(SLURM_CONF.format(
+                controller=socket.gethostname().split('.')[0],
+                controller_address=hub_address, dir=folder,
+                nodes='\n'.join(
+                    # More CPUs than the machine has: several tasks a node.
+                    'NodeName=%s NodeAddr=%s CPUs=8' % (name, address)
+                    for name, (_, address) in zip(NODES, machines))))
+        conf = os.path.join(folder, 'slurm.conf')
+        daemons = [
+            ['munged', '--foreground', '--force',
+             '--key-file=%s/munge.key' % folder,
+             '--socket=%s/munge.socket' % folder,
+             '--pid-file=%s/munged.pid' % folder,
+             '--log-file=%s/munged.log' % folder,
+             '--seed-file=%s/munged.seed' % folder],
+            ['nsenter', '--net=/run/netns/' + hub, 'slurmctld', '-D', '-f',
+             conf]]
+        # A slurmd in `ip netns exec` dies for want of /sys/fs/cgroup: that
+        # command remounts /sys.
+        daemons += [['nsenter', '--net=/run/netns/' + netns, 'unshare',
+                     '--mount', 'sh', '-c',
+                     'mount --bind %s/hosts /etc/hosts && exec slurmd -D -f '
+                     '%s -N %s' % (folder, conf, name)]
+                    for name, (netns, _) in zip(NODES, machines)]
+        started = []
+        cluster = Slurm(folder, hub)
+        try:
+            for argv in daemons:
+                started.append(subprocess.Popen(
+                    argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True))
+                time.sleep(0.5)
+            deadline = time.time() + 30
+            while cluster.idle_nodes() < len(NODES):
+                if time.time() > deadline or any(p.poll() is not None
+                                                 for p in started):
+                    pytest.skip('Slurm did not start here: %s' % tail(
+                        folder, 'slurmctld.log'))
+                time.sleep(0.5)
+            yield cluster
+        finally:
+            cluster.command('scancel', '--full', '--user=root', timeout=30)
+            for proc in reversed(started):
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def tail(folder, name):
+    try:
+        with open(os.path.join(folder, name)) as f:
+            return ' / '.join(f.read().splitlines()[-3:])
+    except OSError as e:
+        return str(e)
+
+
+def example(name, small_data, tmp_path):
+    """An sbatch example as a user would adapt it: the data dir, the log
+    dir, and a short run."""
+    with open(os.path.join(REPO, 'examples', name)) as f:
+        script = f.read()
+    return (script.replace('$HOME/mnist', small_data)
+            .replace('$HOME/runs', str(tmp_path / 'runs'))
+            .replace('--epochs=50', '--epochs=3 --validation_size=100'))
+
+
+def tasks_of(output):
+    """{(job, index): (ps list, worker list, address, rank, node)}, from each
+    task's cluster line."""
+    return {(job, int(index)): (ps, workers, address, int(rank), node)
+            for job, index, ps, workers, address, rank, node
+            in TASK_LINE.findall(output)}
+
+
+def assert_placed_where_they_run(output, num_ps, num_workers):
+    """Every task printed one cluster line, all the same cluster; each runs
+    on the node its own address names, ps tasks first in rank; every worker
+    finished, and no task left a traceback."""
+    tasks = tasks_of(output)
+    assert sorted(tasks) == sorted([('ps', i) for i in range(num_ps)] + [
+        ('worker', i) for i in range(num_workers)]), output
+    assert len({(ps, workers) for ps, workers, *_ in tasks.values()}) == 1
+    for (job, index), (ps, workers, address, rank, node) in tasks.items():
+        assert address.split(':')[0] == node, output
+        assert rank == (index if job == 'ps' else num_ps + index)
+        assert address == (ps if job == 'ps' else workers).split(',')[index]
+    assert sorted(final_accuracies(output)) == list(range(num_workers)), output
+    assert 'Traceback' not in output
+    return tasks
+
+
+def nothing_left_running():
+    return subprocess.run(['pgrep', '-f', r'mnist_dist_(a)?sync\.py'],
+                          capture_output=True, text=True).stdout == ''
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path,
+                                           script):
+    # node9 sorts after node12 by name; Slurm puts task 0 on it.
+    batch = example('slurm-async.sbatch', small_data, tmp_path)
+    status, output = slurm.submit(batch.replace('mnist_dist_async.py',
+                                                'mnist_dist_%s.py' % script))
+    assert status == 0, output
+    tasks = assert_placed_where_they_run(output, 1, 3)
+    assert [tasks[('ps', 0)][4]] + [tasks[('worker', i)][4]
+                                    for i in range(3)] == NODES
+    assert nothing_left_running()
+
+
+def test_example_on_one_node(slurm, small_data, tmp_path):
+    # Four tasks on one node: ports 2222 to 2225 there.
+    status, output = slurm.submit(
+        example('slurm-async.sbatch', small_data, tmp_path),
+        '--nodes=1', '--ntasks-per-node=4')
+    assert status == 0, output
+    tasks = assert_placed_where_they_run(output, 1, 3)
+    assert sorted(address for *_, address, _, _ in tasks.values()) == [
+        'node9:%d' % (PORT + i) for i in range(4)]
+    assert nothing_left_running()
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path, script):
+    # srun -m cyclic, 2 tasks a node: task 0 on node9, 1 on node10, 2 on
+    # node11, 3 on node9 again...
+    batch = example('slurm-sync.sbatch', small_data, tmp_path)
+    status, output = slurm.submit(batch.replace('mnist_dist_sync.py',
+                                                'mnist_dist_%s.py' % script))
+    assert status == 0, output
+    tasks = assert_placed_where_they_run(output, 2, 4)
+    by_rank = sorted((rank, node) for *_, rank, node in tasks.values())
+    assert [node for _, node in by_rank] == NODES[:3] * 2
+    assert nothing_left_running()
+
+
+def test_tasks_started_by_hand_in_a_batch_script(slurm, small_data):
+    # The batch script's shell has SLURM_PROCID=0 but is no step of srun:
+    # the flags describe the cluster.
+    flags = ('--ps=localhost:2222 --worker=localhost:2223,localhost:2224 '
+             '--data_dir=%s --epochs=3 --validation_size=100' % small_data)
+    status, output = slurm.submit(
+        '#!/bin/bash\n'
+        'for task in ps:0 worker:0 worker:1; do\n'
+        '  python mnist_dist_async.py --job_name=${task%%:*} '
+        '--task_index=${task#*:} ' + flags + ' &\n'
+        'done\n'
+        'wait\n', '--nodes=1')
+    assert status == 0, output
+    assert len(re.findall(r'^/job:\w+/task:\d: cluster from --ps/--worker',
+                          output, re.M)) == 3
+    assert sorted(final_accuracies(output)) == [0, 1]
+    assert 'Traceback' not in output
+    assert nothing_left_running()
+
+
+def test_placement_it_cannot_map_ends_every_task(slurm, small_data, tmp_path):
+    # An arbitrary distribution (SLURM_HOSTFILE) is not in the step's
+    # variables: each task says so in one line, at once.
+    hostfile = tmp_path / 'hostfile'
+    hostfile.write_text('node10\nnode9\nnode9\nnode11\n')
+    batch = example('slurm-async.sbatch', small_data, tmp_path).replace(
+        '\nsrun ', '\nSLURM_HOSTFILE=%s srun --distribution=arbitrary '
+        % hostfile)
+    started = time.time()
+    status, output = slurm.submit(batch, '--nodes=3', '--ntasks=4',
+                                  '--ntasks-per-node=2')
+    assert status != 0
+    assert time.time() - started < 60
+    ours = [line for line in own_lines(output)
+            if line.startswith('mnist_dist_async.py:')]
+    assert ours == ['mnist_dist_async.py: error: Slurm: tasks of distribution '
+                    'arbitrary cannot be placed from the step\'s variables: '
+                    'use srun -m block or -m cyclic'] * 4, output
+    assert 'Traceback' not in output
+    assert nothing_left_running()
