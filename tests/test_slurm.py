@@ -253,13 +253,17 @@ def test_tasks_started_by_hand_in_a_batch_script(slurm, small_data):
     # the flags describe the cluster.
     flags = ('--ps=localhost:2222 --worker=localhost:2223,localhost:2224 '
              '--data_dir=%s --epochs=3 --validation_size=100' % small_data)
+    # A file of its own for each task: lines that three processes write
+    # into one file at once can break each other.
     status, output = slurm.submit(
         '#!/bin/bash\n'
+        'logs=$(mktemp -d)\n'
         'for task in ps:0 worker:0 worker:1; do\n'
         '  python mnist_dist_async.py --job_name=${task%%:*} '
-        '--task_index=${task#*:} ' + flags + ' &\n'
+        '--task_index=${task#*:} ' + flags + ' > $logs/$task 2>&1 &\n'
         'done\n'
-        'wait\n', '--nodes=1')
+        'wait\n'
+        'cat $logs/*; rm -r $logs\n', '--nodes=1')
     assert status == 0, output
     assert len(re.findall(r'^/job:\w+/task:\d: cluster from --ps/--worker',
                           output, re.M)) == 3
