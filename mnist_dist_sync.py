@@ -173,7 +173,10 @@ def main(_):
             else:  # a whole epoch
                 log.epoch(epoch, step, loss_value)
             epoch += 1
-        sess.run(release_tokens_op)
+        try:
+            sess.run(release_tokens_op)
+        except tf.errors.CancelledError:
+            pass  # SYNC: the chief is done and closed the queue: none waits
         final_accuracy = accuracy_on(mnist.test)
         print('worker=%d, final accuracy = %s'
               % (FLAGS.task_index, final_accuracy), flush=True)
