@@ -1,10 +1,10 @@
 """The cluster side of mnist_dist_async.py and mnist_dist_sync.py.
 
-In this order: the cluster's flags; where the cluster comes from (flags,
-TF_CONFIG, Slurm); this task's server and session configs; each worker's
-data; the Supervisor's session and the watch over the other tasks; what a
-worker reports; signals; the end of a run, where each ps task leaves on its
-own instead of blocking in `server.join()`.
+In this order: the cluster's flags; one-line errors; where the cluster comes
+from (flags, TF_CONFIG, Slurm); this task's server and session configs; each
+worker's data; errors of the cluster; what a worker reports; signals; the
+end of a task. Which tasks are alive, and the session that depends on it,
+are liveness.py's.
 
 Importing it only defines things: the scripts set TensorFlow up themselves.
 """
@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
@@ -359,179 +358,7 @@ def load_mnist(cluster, images_per_run):
     return mnist
 
 
-# --------------------------------------------- waiting for the other tasks
-
-def is_listening(address, timeout=1.0):
-    host, _, port = address.rpartition(':')
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for_tasks(cluster, job):
-    """Blocks until every task of `job` accepts connections."""
-    deadline = time.time() + FLAGS.startup_timeout
-    addresses = cluster.job_tasks(job)
-    missing = set(range(len(addresses)))
-    while missing:
-        missing = {i for i in missing if not is_listening(addresses[i])}
-        fail_if_late(job, addresses, missing, deadline)
-        if missing:
-            time.sleep(0.2)
-
-
-def fail_if_late(job, addresses, missing, deadline):
-    """Ends this task, naming the first of the missing tasks of `job`, once
-    the deadline has passed."""
-    if missing and time.time() > deadline:
-        i = min(missing)
-        fail('/job:%s/task:%d (%s) did not come up within %g s'
-             % (job, i, addresses[i], FLAGS.startup_timeout))
-
-
-def supervised_session(sv, server, cluster, on_worker_gone=None):
-    """The Supervisor's session, once the ps tasks and the chief are up, with
-    a Watchdog on the other workers from then on.
-
-    The chief says where the model came from: initialized, restored from
-    the last checkpoint in --logdir, or joined live on the ps, where workers
-    kept training while it was away (newer than any checkpoint, and what
-    Supervisor would otherwise initialize again under them).
-    """
-    wait_for_tasks(cluster, 'ps')
-    watchdog = Watchdog(sv, cluster, on_worker_gone)
-    with exit_if_cluster_lost(cluster), exit_if_misplaced(cluster):
-        if sv.is_chief and model_is_live(sv, server, cluster):
-            sess = sv.session_manager.prepare_session(
-                server.target, config=session_config(cluster))
-            sv.start_standard_services(sess)
-            print('worker=0: joined the live model on the ps at '
-                  'global_step=%d' % sess.run(sv.global_step), flush=True)
-        else:
-            sess = _prepare_or_wait(sv, server, cluster)
-    watchdog.watch_training(sess)
-    return sess
-
-
-def model_is_live(sv, server, cluster):
-    """Whether the ps tasks hold every shared variable initialized already.
-
-    Supervisor's ready_op names the uninitialized variables, this worker's
-    own local ones among them."""
-    with tf.Session(server.target, config=session_config(cluster)) as probe:
-        uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
-    return not uninitialized & {v.op.name for v in tf.global_variables()}
-
-
-def _prepare_or_wait(sv, server, cluster):
-    """The chief initializes or restores the model; the others wait for it."""
-    checkpoint = (sv.is_chief and FLAGS.logdir
-                  and tf.train.latest_checkpoint(FLAGS.logdir))
-    try:
-        sess = sv.prepare_or_wait_for_session(
-            server.target, config=session_config(cluster),
-            max_wait_secs=FLAGS.startup_timeout)
-    except tf.errors.DeadlineExceededError:
-        fail('the chief, /job:worker/task:0 (%s), did not initialize the '
-             'model within %g s' % (cluster.task_address('worker', 0),
-                                    FLAGS.startup_timeout))
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
-            tf.errors.NotFoundError) as e:
-        if not checkpoint:
-            raise
-        fail('cannot restore the checkpoint %s (%s): move it away, or '
-             'choose another --logdir'
-             % (checkpoint, e.message.splitlines()[0]))
-    if checkpoint:
-        print('worker=0: restored the model from %s' % checkpoint, flush=True)
-    elif sv.is_chief:
-        print('worker=0: initialized the model', flush=True)
-    return sess
-
-
-# ---------------------------------------------------------------- liveness
-
-class Watchdog(threading.Thread):
-    """A thread that watches the other workers' ports, and the global step.
-
-    While this worker waits for the model: a chief that came up and went
-    away ends it 10 s later, instead of after --startup_timeout. While it
-    trains: a worker that went away is named once, if on_worker_gone(sess)
-    says it is gone rather than done, and a global step that has not
-    moved for --stall_timeout seconds ends it, naming the missing workers.
-    It stops at sv.request_stop().
-    """
-
-    POLL_SECS = 0.5
-
-    def __init__(self, sv, cluster, on_worker_gone):
-        super().__init__(daemon=True)
-        self.sv, self.on_worker_gone = sv, on_worker_gone
-        self.workers = cluster.job_tasks('worker')
-        self.sess = None
-        self.seen, self.gone = set(), set()
-        self.start()
-
-    def watch_training(self, sess):
-        self.sess = sess
-
-    def run(self):
-        others = [i for i in range(len(self.workers))
-                  if i != FLAGS.task_index]
-        last_step, last_move = None, None
-        gone_since = time.time()
-        while not self.sv.should_stop():
-            time.sleep(self.POLL_SECS)
-            for i in others:
-                if is_listening(self.workers[i], timeout=self.POLL_SECS):
-                    self.seen.add(i)
-                    self.gone.discard(i)
-                elif i in self.seen and i not in self.gone:
-                    self.gone.add(i)
-                    if self.sess is not None and self._is_gone(i):
-                        print('worker=%d: %s is gone; training goes on '
-                              'without it' % (FLAGS.task_index,
-                                              self._task(i)), flush=True)
-            if self.sess is None:
-                # A chief that finished a short run before this worker got
-                # its session leaves a ready model behind: give the session
-                # a few polls to come.
-                chief_gone = 0 in self.gone
-                if chief_gone and time.time() - gone_since > 10:
-                    die('error: the chief, /job:worker/task:0 (%s), went '
-                        'away before the model was ready' % self.workers[0])
-                if not chief_gone:
-                    gone_since = time.time()
-                continue
-            step = self._global_step()
-            if last_move is None or step != last_step:
-                last_step, last_move = step, time.time()
-            elif time.time() - last_move > FLAGS.stall_timeout:
-                missing = sorted(set(others) - (self.seen - self.gone))
-                die('error: training stalled: no new global step for %g s; '
-                    'missing: %s' % (FLAGS.stall_timeout, ', '.join(
-                        map(self._task, missing)) or 'none'))
-
-    def _is_gone(self, i):
-        if self.on_worker_gone is None:
-            return False
-        try:
-            return self.on_worker_gone(self.sess)
-        except (tf.errors.OpError, RuntimeError):  # the session is closing
-            return False
-
-    def _global_step(self):
-        try:
-            return self.sess.run(self.sv.global_step, options=tf.RunOptions(
-                timeout_in_ms=int(self.POLL_SECS * 10000)))
-        except (tf.errors.OpError, RuntimeError):
-            return None
-
-    def _task(self, i):
-        return '/job:worker/task:%d (%s)' % (i, self.workers[i])
-
+# ------------------------------------------------- errors of the cluster
 
 @contextlib.contextmanager
 def exit_if_cluster_lost(cluster):
@@ -654,21 +481,7 @@ def exit_on_signals():
         'interrupted', 128 + os.read(read_end, 1)[0]), daemon=True).start()
 
 
-# ------------------------------------------------------------ end of a run
-
-def close_session(sv, sess):
-    """Ends a worker's session and the Supervisor's threads.
-
-    The threads are told to stop first, then the session is closed, which
-    cancels what they are blocked in, such as the sync chief's wait for
-    gradients that no worker will send any more; only then can they be joined.
-    """
-    if sv.save_path:  # the chief, with a --logdir: a last checkpoint
-        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
-    sv.request_stop()
-    sess.close()
-    sv.stop()
-
+# ----------------------------------------------------------- end of a task
 
 def leave():
     """Ends this task at once, with status 0, once all is said and closed.
@@ -680,24 +493,3 @@ def leave():
     sys.stderr.flush()
     os._exit(0)
 
-
-def serve_until_workers_gone(cluster):
-    """The ps side of the end of a run: serve until every worker has come up
-    and gone.
-
-    Instead of server.join(), which never returns. The ps watches the workers'
-    ports rather than waiting for messages from them: a worker still needs the
-    ps while it closes its session, and one that was killed sends nothing.
-    A worker that never comes up ends the ps after --startup_timeout.
-    """
-    workers = cluster.job_tasks('worker')
-    deadline = time.time() + FLAGS.startup_timeout
-    seen = set()
-    while True:
-        up = {i for i, address in enumerate(workers) if is_listening(address)}
-        seen |= up
-        if not up and len(seen) == len(workers):
-            return
-        fail_if_late('worker', workers, set(range(len(workers))) - seen,
-                     deadline)
-        time.sleep(0.2)

@@ -27,6 +27,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import cluster_utils  # noqa: E402
+import liveness  # noqa: E402
 import mnist_data  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -55,7 +56,7 @@ def main(_):
     server = cluster_utils.start_server(cluster)
 
     if FLAGS.job_name == 'ps':
-        cluster_utils.serve_until_workers_gone(cluster)
+        liveness.serve_until_workers_gone(server, cluster)
         cluster_utils.leave()
 
     steps_per_run = FLAGS.steps_per_run  # ASYNC: made as below
@@ -108,7 +109,7 @@ def main(_):
         init_op=tf.global_variables_initializer(),
         recovery_wait_secs=1,
         save_model_secs=60)
-    sess = cluster_utils.supervised_session(sv, server, cluster)
+    sess = liveness.supervised_session(sv, server, cluster)
 
     # Global steps count the steps of all workers. A run resumed from a
     # checkpoint in --logdir ends where the whole run would have.
@@ -138,7 +139,7 @@ def main(_):
         print('worker=%d, final accuracy = %s'
               % (FLAGS.task_index, final_accuracy), flush=True)
         log.final(step, final_accuracy)
-    cluster_utils.close_session(sv, sess)
+    liveness.close_session(sv, sess)
     cluster_utils.leave()
 
 

@@ -27,6 +27,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import cluster_utils  # noqa: E402
+import liveness  # noqa: E402
 import mnist_data  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -54,7 +55,7 @@ def main(_):
     server = cluster_utils.start_server(cluster)
 
     if FLAGS.job_name == 'ps':
-        cluster_utils.serve_until_workers_gone(cluster)
+        liveness.serve_until_workers_gone(server, cluster)
         cluster_utils.leave()
 
     steps_per_run = 1  # SYNC: as below
@@ -142,8 +143,8 @@ def main(_):
         ready_for_local_init_op=opt.ready_for_local_init_op,
         recovery_wait_secs=1,
         save_model_secs=60)
-    sess = cluster_utils.supervised_session(sv, server, cluster,
-                                            on_worker_gone=worker_gone)
+    sess = liveness.supervised_session(sv, server, cluster,
+                                       on_worker_gone=worker_gone)
 
     def accuracy_on(split):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
@@ -181,7 +182,7 @@ def main(_):
         print('worker=%d, final accuracy = %s'
               % (FLAGS.task_index, final_accuracy), flush=True)
         log.final(step, final_accuracy)
-    cluster_utils.close_session(sv, sess)
+    liveness.close_session(sv, sess)
     cluster_utils.leave()
 
 

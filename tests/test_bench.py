@@ -57,3 +57,22 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     # A progress line for each run as it starts.
     assert re.search(r'^bench: \d+:\d\d async, 1 workers, run 1 of 1$',
                      result.stderr, re.M), result.stderr
+
+
+def test_bench_scale_reports_every_figure(small_data, tmp_path):
+    if subprocess.run(['unshare', '--user', '--map-root-user', '--net',
+                       'true']).returncode:
+        pytest.skip('no private network namespace here (unshare failed)')
+    out = tmp_path / 'bench_scale.json'
+    result = subprocess.run(
+        [sys.executable, 'bench_scale.py', '--data_dir=' + small_data,
+         '--validation_size=100', '--workers=2,3', '--seconds=2',
+         '--json=' + str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert sorted(figures) == ['2', '3']
+    for run in figures.values():
+        assert run['new_tcp_connections_per_sec'] >= 0
+        assert run['heartbeats_per_worker_per_sec'] > 0
+    assert '| 3 |' in result.stdout

@@ -83,11 +83,11 @@ GONE = r'^worker=(\d): /job:worker/task:(\d) \(localhost:\d+\) is gone; ' \
                                                       ('sync', 40, True)])
 def test_killed_worker_does_not_stop_training(procs, free_ports, small_data,
                                               script, epochs, says_gone):
-    # 10 ms a step: the run outlasts the half second a watchdog may take to
-    # see the port close, however fast the machine.
+    # 30 ms a step: the sync run outlasts the 5 s of silence after which a
+    # worker is gone, however fast the machine.
     ps, workers = procs.cluster(script, free_ports,
                                 '--data_dir=' + small_data, *LONG_RUN[1:],
-                                '--epochs=%d' % epochs, '--step_delay_ms=10')
+                                '--epochs=%d' % epochs, '--step_delay_ms=30')
     procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
     os.kill(workers[2].pid, signal.SIGKILL)
     procs.wait_all(workers + [ps], 120)

@@ -1,0 +1,339 @@
+"""Which tasks of the cluster are up, alive or done, and what each task does
+about it.
+
+At start-up a worker waits for the ps tasks' ports, and for the chief's
+model, each within --startup_timeout. From then on no task connects to
+another's port to learn whether it lives: every worker beats, adding one to
+its own slot of a counter vector on each ps task, over the gRPC channels that
+training keeps open to the ps tasks anyway, once every POLL_SECS. Each ps
+reads its own vector where it lies, decides who is alive, gone or done, and
+leaves once every worker has come and gone; it also counts each worker's
+departures, and the workers read ps 0's count to learn that another worker
+is gone. A worker's cost is one small RPC to each ps task per poll, beside
+the stall watchdog's read of the global step, whatever the number of
+workers.
+
+The counters live in a graph of their own, so the Supervisor neither saves,
+initializes nor waits for them.
+"""
+
+import socket
+import time
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+import cluster_utils
+from cluster_utils import FLAGS
+
+# A worker whose counter has not moved for this long is gone: ten missed
+# beats, so that a busy machine is not taken for a dead worker.
+GONE_SECS = 5
+# A ps leaves a run only once every worker is done or this long silent: it
+# cannot come back, so it waits longer than a notice of a worker gone.
+LEAVE_SECS = 15
+
+
+def counters(num_workers, ps_tasks):
+    """The counters of each of ps_tasks (their indices): `beats`, one per
+    worker, which -1 marks done; and `departures`, how many times each
+    worker was found gone."""
+    beats, departures = [], []
+    for k in ps_tasks:
+        with tf.device('/job:ps/task:%d' % k):
+            beats.append(tf.Variable(tf.zeros([num_workers], tf.int64),
+                                     name='liveness/beats_%d' % k))
+            departures.append(tf.Variable(tf.zeros([num_workers], tf.int64),
+                                          name='liveness/departures_%d' % k))
+    return beats, departures
+
+
+# --------------------------------------------- waiting for the other tasks
+
+def is_listening(address, timeout=1.0):
+    host, _, port = address.rpartition(':')
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_tasks(cluster, job):
+    """Blocks until every task of `job` accepts connections."""
+    deadline = time.time() + FLAGS.startup_timeout
+    addresses = cluster.job_tasks(job)
+    missing = set(range(len(addresses)))
+    while missing:
+        missing = {i for i in missing if not is_listening(addresses[i])}
+        fail_if_late(job, addresses, missing, deadline)
+        if missing:
+            time.sleep(0.2)
+
+
+def fail_if_late(job, addresses, missing, deadline):
+    """Ends this task, naming the first of the missing tasks of `job`, once
+    the deadline has passed."""
+    if missing and time.time() > deadline:
+        i = min(missing)
+        cluster_utils.fail('/job:%s/task:%d (%s) did not come up within %g s'
+                           % (job, i, addresses[i], FLAGS.startup_timeout))
+
+
+def supervised_session(sv, server, cluster, on_worker_gone=None):
+    """The Supervisor's session, once the ps tasks and the chief are up, with
+    a Watchdog on the other workers from then on.
+
+    The chief says where the model came from: initialized, restored from
+    the last checkpoint in --logdir, or joined live on the ps, where workers
+    kept training while it was away (newer than any checkpoint, and what
+    Supervisor would otherwise initialize again under them).
+    """
+    wait_for_tasks(cluster, 'ps')
+    with cluster_utils.exit_if_cluster_lost(cluster), \
+            cluster_utils.exit_if_misplaced(cluster):
+        watchdog = Watchdog(sv, server, cluster, on_worker_gone)
+        if sv.is_chief and model_is_live(sv, server, cluster):
+            sess = sv.session_manager.prepare_session(
+                server.target, config=cluster_utils.session_config(cluster))
+            sv.start_standard_services(sess)
+            print('worker=0: joined the live model on the ps at '
+                  'global_step=%d' % sess.run(sv.global_step), flush=True)
+        else:
+            sess = _prepare_or_wait(sv, server, cluster)
+    watchdog.watch_training(sess)
+    return sess
+
+
+def model_is_live(sv, server, cluster):
+    """Whether the ps tasks hold every shared variable initialized already.
+
+    Supervisor's ready_op names the uninitialized variables, this worker's
+    own local ones among them."""
+    with tf.Session(server.target,
+                    config=cluster_utils.session_config(cluster)) as probe:
+        uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
+    return not uninitialized & {v.op.name for v in tf.global_variables()}
+
+
+def _prepare_or_wait(sv, server, cluster):
+    """The chief initializes or restores the model; the others wait for it."""
+    checkpoint = (sv.is_chief and FLAGS.logdir
+                  and tf.train.latest_checkpoint(FLAGS.logdir))
+    try:
+        sess = sv.prepare_or_wait_for_session(
+            server.target, config=cluster_utils.session_config(cluster),
+            max_wait_secs=FLAGS.startup_timeout)
+    except tf.errors.DeadlineExceededError:
+        cluster_utils.fail(
+            'the chief, /job:worker/task:0 (%s), did not initialize the '
+            'model within %g s' % (cluster.task_address('worker', 0),
+                                   FLAGS.startup_timeout))
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
+            tf.errors.NotFoundError) as e:
+        if not checkpoint:
+            raise
+        cluster_utils.fail('cannot restore the checkpoint %s (%s): move it '
+                           'away, or choose another --logdir'
+                           % (checkpoint, e.message.splitlines()[0]))
+    if checkpoint:
+        print('worker=0: restored the model from %s' % checkpoint, flush=True)
+    elif sv.is_chief:
+        print('worker=0: initialized the model', flush=True)
+    return sess
+
+
+# ------------------------------------------------------ a worker's beats
+
+class Watchdog(tf.train.LooperThread):
+    """A thread of the Supervisor's that beats for this worker, and watches
+    the other workers and the global step through the ps tasks.
+
+    While this worker waits for the model: a chief that came up and went
+    away ends it. While it trains: a worker that went away is named once, if
+    on_worker_gone(sess) says it is gone rather than done, and a global step
+    that has not moved for --stall_timeout seconds ends it, naming the
+    workers that do not beat. When the Supervisor stops, it closes the
+    session and marks this worker done, and the Supervisor joins it.
+    """
+
+    POLL_SECS = 0.5
+
+    def __init__(self, sv, server, cluster, on_worker_gone):
+        super().__init__(sv.coord, self.POLL_SECS)
+        self.sv, self.on_worker_gone = sv, on_worker_gone
+        self.workers = cluster.job_tasks('worker')
+        self.sess = None
+        self.last_step, self.last_move = None, None
+        me = FLAGS.task_index
+        graph = tf.Graph()
+        with graph.as_default():
+            beats, departures = counters(len(self.workers),
+                                         range(cluster.num_tasks('ps')))
+            one, done = tf.constant([1], tf.int64), tf.constant([-1], tf.int64)
+            self.beat_op = tf.group(*[tf.scatter_add(b, [me], one)
+                                      for b in beats])
+            self.done_op = tf.group(*[tf.scatter_update(b, [me], done)
+                                      for b in beats])
+            self.beats, self.departures = beats[0], departures[0]
+            # Summed where it lies: a scalar a poll, not a vector.
+            with tf.device(self.departures.device):
+                self.departed = tf.reduce_sum(self.departures)
+        self.session = tf.Session(
+            server.target, graph=graph,
+            config=cluster_utils.session_config(cluster))
+        self.last_departures = self._first_beat()
+        self.start()
+
+    def watch_training(self, sess):
+        self.sess = sess
+
+    def _first_beat(self):
+        """Beats once before this worker waits for the model, so that the
+        ps tasks know it from then on; they may not have set up their
+        counters yet."""
+        deadline = time.time() + FLAGS.startup_timeout
+        while True:
+            try:
+                self.session.run(self.beat_op)
+                return self.session.run(self.departures)
+            except tf.errors.FailedPreconditionError:
+                if time.time() > deadline:
+                    cluster_utils.fail('the ps tasks did not set up their '
+                                       'liveness counters within %g s'
+                                       % FLAGS.startup_timeout)
+                time.sleep(0.2)
+
+    def _run(self, fetches, session=None):
+        """fetches, run in the liveness session or the given one, or None
+        where a ps cannot answer (the main thread says so, with the lost-ps
+        line) or the session is closing."""
+        try:
+            return (session or self.session).run(
+                fetches, options=tf.RunOptions(
+                    timeout_in_ms=int(self.POLL_SECS * 10000)))
+        except (tf.errors.OpError, RuntimeError):
+            return None
+
+    def run_loop(self):
+        beat = self._run([self.beat_op, self.departed])
+        if beat is not None and beat[1] != self.last_departures.sum():
+            self._someone_departed()
+        if self.sess is not None:
+            self._check_global_step()
+
+    def stop_loop(self):
+        # Done only once the session is closed: closing still needs the ps
+        # tasks, which may leave once every worker is done.
+        self.sess.close()
+        self._run(self.done_op)
+
+    def _someone_departed(self):
+        departures = self._run(self.departures)
+        if departures is None:
+            return
+        for i in np.flatnonzero(departures > self.last_departures):
+            if i == FLAGS.task_index:
+                continue
+            if self.sess is None and i == 0:
+                cluster_utils.die('error: the chief, /job:worker/task:0 (%s), '
+                                  'went away before the model was ready'
+                                  % self.workers[0])
+            if self.sess is not None and self._is_gone():
+                print('worker=%d: %s is gone; training goes on without it'
+                      % (FLAGS.task_index, self._task(i)), flush=True)
+        self.last_departures = departures
+
+    def _check_global_step(self):
+        step = self._run(self.sv.global_step, self.sess)
+        if self.last_move is None or step != self.last_step:
+            self.last_step, self.last_move = step, time.time()
+        elif time.time() - self.last_move > FLAGS.stall_timeout:
+            cluster_utils.die(
+                'error: training stalled: no new global step for %g s; '
+                'missing: %s' % (FLAGS.stall_timeout, ', '.join(
+                    map(self._task, self._silent())) or 'none'))
+
+    def _silent(self):
+        """The other workers whose counters do not move over a second, not
+        counting those done."""
+        before = self._run(self.beats)
+        time.sleep(1)
+        after = self._run(self.beats)
+        if before is None or after is None:
+            return []
+        return [i for i in np.flatnonzero((before == after) & (after != -1))
+                if i != FLAGS.task_index]
+
+    def _is_gone(self):
+        if self.on_worker_gone is None:
+            return False
+        try:
+            return self.on_worker_gone(self.sess)
+        except (tf.errors.OpError, RuntimeError):  # the session is closing
+            return False
+
+    def _task(self, i):
+        return '/job:worker/task:%d (%s)' % (i, self.workers[i])
+
+
+# -------------------------------------------------------- end of a run
+
+def close_session(sv, sess):
+    """Ends a worker's session and the Supervisor's threads, and marks this
+    worker done.
+
+    The threads are told to stop first; the Watchdog, one of them, then
+    closes the session, which cancels what the others are blocked in, such
+    as the sync chief's wait for gradients that no worker will send any
+    more, and marks this worker done; only then can they be joined.
+    """
+    if sv.save_path:  # the chief, with a --logdir: a last checkpoint
+        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+    sv.request_stop()
+    sv.stop()
+
+
+def serve_until_workers_gone(server, cluster):
+    """The ps side of the end of a run: serve until every worker has come up
+    and is done, or silent for LEAVE_SECS.
+
+    Instead of server.join(), which never returns. It reads the counters
+    where they lie, on this ps, with no RPC, and ps 0 counts departures for
+    the workers to read. A worker that never beats ends the ps after
+    --startup_timeout.
+    """
+    workers = cluster.job_tasks('worker')
+    me = '/job:ps/task:%d' % FLAGS.task_index
+    with tf.Graph().as_default():
+        [beats], [departures] = counters(len(workers), [FLAGS.task_index])
+        gone_now = tf.placeholder(tf.int64, [None])
+        depart = tf.scatter_add(departures, gone_now,
+                                tf.ones_like(gone_now))
+        sess = tf.Session(server.target, config=tf.ConfigProto(
+            device_filters=[me]))
+        sess.run(tf.variables_initializer([beats, departures]))
+    deadline = time.time() + FLAGS.startup_timeout
+    last = np.zeros(len(workers), np.int64)
+    heard = np.full(len(workers), np.nan)  # when each counter last moved
+    gone = np.zeros(len(workers), bool)
+    polled = time.time()
+    while True:
+        time.sleep(0.2)
+        values, now = sess.run(beats), time.time()
+        if now - polled > 2:
+            # This ps was stopped or starved: the silence is its own.
+            heard[~np.isnan(heard)] = now
+        polled = now
+        moved = values != last
+        heard[moved], gone[moved], last = now, False, values
+        done = values == -1
+        silent = now - heard  # nan: never heard
+        newly_gone = ~done & ~gone & (silent > GONE_SECS)
+        if newly_gone.any():
+            gone |= newly_gone
+            sess.run(depart, {gone_now: np.flatnonzero(newly_gone)})
+        if np.all(done | (silent > LEAVE_SECS)):
+            return
+        fail_if_late('worker', workers, set(np.flatnonzero(np.isnan(heard))),
+                     deadline)
