@@ -62,6 +62,8 @@ flags.DEFINE_string('logdir', None,
                     'Where the chief writes summaries for TensorBoard and '
                     'checkpoints; a run with the same logdir resumes from '
                     'the last checkpoint. Nothing is written without it.')
+flags.DEFINE_float('save_checkpoint_secs', 60,
+                   'Seconds between the chief\'s checkpoints in --logdir.')
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
 flags.DEFINE_float('stall_timeout', 180,
@@ -72,6 +74,8 @@ flags.register_validator('stall_timeout', lambda v: v > 0,
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
                          'must be in (0, 1]')
 flags.register_validator('startup_timeout', lambda v: v > 0,
+                         'must be positive')
+flags.register_validator('save_checkpoint_secs', lambda v: v > 0,
                          'must be positive')
 
 
@@ -121,6 +125,17 @@ def fail(message):
     """Ends this task with a one-line error and exit status 1."""
     print('%s: error: %s' % (task_name(), message), file=sys.stderr)
     sys.exit(1)
+
+
+def what_went_wrong(error):
+    """The line of an error that says what went wrong: its first, or, in
+    TensorFlow 2's 'Graph execution error', the one after the failed op's
+    name."""
+    lines = getattr(error, 'message', str(error)).splitlines()
+    for line, after in zip(lines, lines[1:]):
+        if line.startswith('Node: '):
+            return after
+    return lines[0]
 
 
 def die(message, status=1):
@@ -321,7 +336,34 @@ def check_logdir():
         tf.io.gfile.remove(probe)
     except tf.errors.OpError as e:
         usage_error('--logdir=%s: cannot write there (%s)'
-                    % (FLAGS.logdir, e.message.splitlines()[0]))
+                    % (FLAGS.logdir, what_went_wrong(e)))
+    threading.excepthook = _summary_writer_failed
+
+
+def _summary_writer_failed(args):
+    """The thread of TensorFlow's that writes the summaries ends at the
+    first write that fails: one line instead of its traceback; then
+    TrainingLog writes no more."""
+    if type(args.thread).__name__ != '_EventLoggerThread':
+        return threading.__excepthook__(args)
+    logdir_failed('write summaries', args.exc_value)
+
+
+def save_checkpoint(sv, sess):
+    """The chief's checkpoint in --logdir; a save that fails (a full or
+    broken file system) is one line, and training goes on."""
+    try:
+        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+    except tf.errors.OpError as e:
+        logdir_failed('save a checkpoint', e)
+
+
+def logdir_failed(what, error):
+    """One line for a write to --logdir that failed: a full or broken file
+    system costs the chief its checkpoints or summaries, not its run."""
+    print('%s: error: cannot %s in --logdir=%s (%s); training goes on'
+          % (task_name(), what, FLAGS.logdir, what_went_wrong(error)),
+          file=sys.stderr, flush=True)
 
 
 def session_config(cluster):
@@ -455,9 +497,12 @@ class TrainingLog:
             self._summary(global_step, test_accuracy=accuracy)
 
     def _summary(self, global_step, **values):
-        self.sv.summary_computed(self.sess, tf.Summary(value=[
-            tf.Summary.Value(tag=tag, simple_value=value)
-            for tag, value in values.items()]), global_step=global_step)
+        try:
+            self.sv.summary_computed(self.sess, tf.Summary(value=[
+                tf.Summary.Value(tag=tag, simple_value=value)
+                for tag, value in values.items()]), global_step=global_step)
+        except RuntimeError:  # its writer's thread failed, and said so
+            self.writing = False
 
 
 # ----------------------------------------------------------------- signals

@@ -84,7 +84,10 @@ def supervised_session(sv, server, cluster, on_worker_gone=None):
     """The Supervisor's session, once the ps tasks and the chief are up, with
     a Watchdog on the other workers from then on.
 
-    The chief says where the model came from: initialized, restored from
+    The chief saves checkpoints every --save_checkpoint_secs, in a loop
+    of the Supervisor's that outlives a failed save (the Supervisor's own
+    would stop every thread of the chief). It says where the model came
+    from: initialized, restored from
     the last checkpoint in --logdir, or joined live on the ps, where workers
     kept training while it was away (newer than any checkpoint, and what
     Supervisor would otherwise initialize again under them).
@@ -101,6 +104,9 @@ def supervised_session(sv, server, cluster, on_worker_gone=None):
                   'global_step=%d' % sess.run(sv.global_step), flush=True)
         else:
             sess = _prepare_or_wait(sv, server, cluster)
+    if sv.save_path:  # the chief, with a --logdir
+        sv.loop(FLAGS.save_checkpoint_secs, cluster_utils.save_checkpoint,
+                args=(sv, sess))
     watchdog.watch_training(sess)
     return sess
 
@@ -135,7 +141,7 @@ def _prepare_or_wait(sv, server, cluster):
             raise
         cluster_utils.fail('cannot restore the checkpoint %s (%s): move it '
                            'away, or choose another --logdir'
-                           % (checkpoint, e.message.splitlines()[0]))
+                           % (checkpoint, cluster_utils.what_went_wrong(e)))
     if checkpoint:
         print('worker=0: restored the model from %s' % checkpoint, flush=True)
     elif sv.is_chief:
@@ -223,6 +229,10 @@ class Watchdog(tf.train.LooperThread):
             self._check_global_step()
 
     def stop_loop(self):
+        try:
+            self.sv.coord.raise_requested_exception()
+        except Exception:  # a thread failed: the main thread says why
+            return
         # Done only once the session is closed: closing still needs the ps
         # tasks, which may leave once every worker is done.
         self.sess.close()
@@ -289,9 +299,14 @@ def close_session(sv, sess):
     more, and marks this worker done; only then can they be joined.
     """
     if sv.save_path:  # the chief, with a --logdir: a last checkpoint
-        sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+        cluster_utils.save_checkpoint(sv, sess)
     sv.request_stop()
-    sv.stop()
+    sv.stop(close_summary_writer=False)
+    if sv.summary_writer:
+        try:
+            sv.summary_writer.close()
+        except RuntimeError:  # its thread failed, and said so
+            pass
 
 
 def serve_until_workers_gone(server, cluster):

@@ -100,15 +100,16 @@ def main(_):
             train_op = opt.minimize(loss, global_step=global_step)
 
     # The chief initializes the variables, or restores them from the last
-    # checkpoint in --logdir, and saves them there every minute; the others
-    # wait for it, checking every second instead of Supervisor's default 30.
+    # checkpoint in --logdir; the others wait for it, checking every second
+    # instead of Supervisor's default 30. Its checkpoints come from
+    # liveness.supervised_session: a failed save stops the Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
         global_step=global_step,
         init_op=tf.global_variables_initializer(),
         recovery_wait_secs=1,
-        save_model_secs=60)
+        save_model_secs=0)
     sess = liveness.supervised_session(sv, server, cluster)
 
     # Global steps count the steps of all workers. A run resumed from a

@@ -132,8 +132,9 @@ def main(_):
         return True
 
     # The chief initializes the variables, or restores them from the last
-    # checkpoint in --logdir, and saves them there every minute; the others
-    # wait for it, checking every second instead of Supervisor's default 30.
+    # checkpoint in --logdir; the others wait for it, checking every second
+    # instead of Supervisor's default 30. Its checkpoints come from
+    # liveness.supervised_session: a failed save stops the Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
@@ -142,7 +143,7 @@ def main(_):
         local_init_op=local_init_op,
         ready_for_local_init_op=opt.ready_for_local_init_op,
         recovery_wait_secs=1,
-        save_model_secs=60)
+        save_model_secs=0)
     sess = liveness.supervised_session(sv, server, cluster,
                                        on_worker_gone=worker_gone)
 

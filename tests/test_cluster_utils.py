@@ -1,4 +1,5 @@
-"""Unit tests of cluster_utils: host lists, and Slurm's placement."""
+"""Unit tests of cluster_utils: host lists, Slurm's placement, and the line
+of an error that says what went wrong."""
 
 import pytest
 
@@ -51,3 +52,16 @@ def test_slurm_placement(distribution, placement):
 def test_slurm_placement_refuses_what_it_cannot_map():
     with pytest.raises(ValueError, match='distribution arbitrary'):
         cluster_utils.slurm_placement(['a'], [1], 'arbitrary')
+
+
+@pytest.mark.parametrize('message, line', [
+    ('/x/model.ckpt.index; No space left on device',
+     '/x/model.ckpt.index; No space left on device'),
+    ("Graph execution error:\n\nDetected at node 'save/SaveV2' defined at "
+     "(most recent call last):\n    File \"<stdin>\", line 4\nNode: "
+     "'save/SaveV2'\n/x/model.ckpt.data; No space left on device\n"
+     "\t [[{{node save/SaveV2}}]]", '/x/model.ckpt.data; No space left on '
+                                    'device'),
+])
+def test_what_went_wrong(message, line):
+    assert cluster_utils.what_went_wrong(RuntimeError(message)) == line

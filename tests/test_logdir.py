@@ -5,6 +5,7 @@ import glob
 import os
 import re
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -147,3 +148,30 @@ def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
         assert os.path.exists(run_dir / mode / 'logdir' / 'checkpoint')
     image = matplotlib.image.imread(str(run_dir / 'comparison.png'))
     assert image.shape[0] > 300 and image.shape[1] > 300
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
+                                                    small_data, tmp_path,
+                                                    script):
+    # A file system that fills up after the first checkpoint or so.
+    logdir = tmp_path / 'small'
+    logdir.mkdir()
+    if os.geteuid() or subprocess.run(
+            ['mount', '-t', 'tmpfs', '-o', 'size=300k', 'tmpfs',
+             str(logdir)]).returncode:
+        pytest.skip('cannot mount a small tmpfs here (root only)')
+    try:
+        outputs = run(procs, free_ports, script, '--data_dir=' + small_data,
+                      '--logdir=' + str(logdir), '--save_checkpoint_secs=0.5',
+                      '--epochs=60', '--validation_size=100',
+                      '--step_delay_ms=10', timeout=180)
+    finally:
+        subprocess.run(['umount', '-l', str(logdir)])
+    for i, output in enumerate(outputs):
+        assert i in final_accuracies(output)
+    # One line each time a save fails.
+    failed = re.findall(r'^/job:worker/task:0: error: cannot save a '
+                        r'checkpoint in --logdir=%s \(.+\); training goes on$'
+                        % re.escape(str(logdir)), outputs[0], re.M)
+    assert failed, outputs[0]
