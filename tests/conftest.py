@@ -139,6 +139,12 @@ def fashion_mnist():
     return FASHION_MNIST
 
 
+def _sigint_as_from_a_terminal():
+    # A suite run in the background (nohup, some CI runners) has SIGINT
+    # ignored, and bash cannot trap a signal ignored when it started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Processes:
     """Processes started for one test, each in its own session so that the
     test can stop it and whatever it started; all are killed at teardown."""
@@ -152,7 +158,8 @@ class Processes:
         err = open(os.path.join(self.log_dir, name + '.err'), 'w+')
         env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
         proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=err,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True,
+                                preexec_fn=_sigint_as_from_a_terminal)
         proc.log, proc.err, proc.name = log, err, name
         self.running.append(proc)
         return proc
