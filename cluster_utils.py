@@ -325,7 +325,8 @@ def start_server(cluster):
 
 def check_logdir():
     """The chief writes --logdir: it must be a directory, or be creatable,
-    and take a file; else a usage error before the chief joins the cluster."""
+    and take a file; else a usage error before the chief joins the cluster.
+    A write that fails later, in TensorFlow's summary thread, is one line."""
     if FLAGS.logdir is None:
         return
     probe = os.path.join(FLAGS.logdir, '.writable')
