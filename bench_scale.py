@@ -6,7 +6,8 @@ For 1 ps + N workers of mnist_dist_async.py (--workers), once every worker
 trains, over --seconds it measures:
   - new TCP connections a second, from the kernel's `Tcp: ActiveOpens`
     counter of a private network namespace that holds the cluster alone
-    (it runs itself again inside one: `unshare`, as root or as a user);
+    (it runs itself again inside one, `unshare --user --net`, as
+    launch_local.sh does);
   - heartbeats a worker a second, from the counters on the ps that the
     heartbeats add to (liveness.py), read by a session of its own; each is
     one RPC to each ps task, beside one read of the global step.
@@ -107,9 +108,10 @@ def report(results):
 
 def main(_):
     if os.environ.get(NETNS) != '1':
-        user = [] if os.geteuid() == 0 else ['--user', '--map-root-user']
-        os.execvpe('unshare', ['unshare'] + user + ['--net', sys.executable,
-                   os.path.abspath(sys.argv[0])] + sys.argv[1:], dict(os.environ, **{NETNS: '1'}))
+        again = [sys.executable, os.path.abspath(sys.argv[0])] + sys.argv[1:]
+        os.execvpe('unshare', ['unshare', '--user', '--map-root-user',
+                               '--net'] + again,
+                   dict(os.environ, **{NETNS: '1'}))
     subprocess.run(['ip', 'link', 'set', 'lo', 'up'], check=True)
     tf.disable_v2_behavior()
     results = {}
