@@ -66,6 +66,10 @@ flags.DEFINE_float('save_checkpoint_secs', 60,
                    'Seconds between the chief\'s checkpoints in --logdir.')
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
+flags.DEFINE_float('ps_timeout', 120,
+                   'Seconds a worker waits for a ps task it lost to come '
+                   'back (a restarted pod or requeued task) before it gives '
+                   'up.')
 flags.DEFINE_float('stall_timeout', 180,
                    'Seconds without a new global step after which every '
                    'worker gives up, naming the workers that are gone.')
@@ -75,6 +79,7 @@ flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
                          'must be in (0, 1]')
 flags.register_validator('startup_timeout', lambda v: v > 0,
                          'must be positive')
+flags.register_validator('ps_timeout', lambda v: v > 0, 'must be positive')
 flags.register_validator('save_checkpoint_secs', lambda v: v > 0,
                          'must be positive')
 
@@ -355,6 +360,8 @@ def save_checkpoint(sv, sess):
     broken file system) is one line, and training goes on."""
     try:
         sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+        pass  # a lost ps, which the main thread waits for
     except tf.errors.OpError as e:
         logdir_failed('save a checkpoint', e)
 
@@ -409,16 +416,23 @@ def exit_if_cluster_lost(cluster):
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-        # The message names the tasks involved, this one among them.
-        named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)', e.message)
-        others = [(job, int(i)) for job, i in named
-                  if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
-        task = 'a ps task (%s)' % ','.join(cluster.job_tasks('ps'))
-        if others:
-            job, index = others[0]
-            task = '/job:%s/task:%d (%s)' % (
-                job, index, cluster.task_address(job, index))
-        die('error: lost the connection to %s' % task)
+        die('error: lost the connection to %s' % lost_task(cluster, e))
+
+
+def lost_task(cluster, error, missing=()):
+    """The task that an error of the cluster names, or else the first of the
+    ps tasks `missing`, or else all of them."""
+    # The message names the tasks involved, this one among them.
+    named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)', error.message)
+    others = [(job, int(i)) for job, i in named
+              if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
+    if not others and missing:
+        others = [('ps', min(missing))]
+    if not others:
+        return 'a ps task (%s)' % ','.join(cluster.job_tasks('ps'))
+    job, index = others[0]
+    return '/job:%s/task:%d (%s)' % (job, index,
+                                     cluster.task_address(job, index))
 
 
 @contextlib.contextmanager

@@ -102,7 +102,7 @@ def main(_):
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir; the others wait for it, checking every second
     # instead of Supervisor's default 30. Its checkpoints come from
-    # liveness.supervised_session: a failed save stops the Supervisor's own.
+    # liveness.RecoverableSession: a failed save stops the Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
@@ -110,7 +110,7 @@ def main(_):
         init_op=tf.global_variables_initializer(),
         recovery_wait_secs=1,
         save_model_secs=0)
-    sess = liveness.supervised_session(sv, server, cluster)
+    sess = liveness.RecoverableSession(sv, server, cluster)
 
     # Global steps count the steps of all workers. A run resumed from a
     # checkpoint in --logdir ends where the whole run would have.
@@ -121,26 +121,25 @@ def main(_):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
 
     rng = np.random.default_rng(FLAGS.task_index)
-    with cluster_utils.exit_if_cluster_lost(cluster):
-        step = sess.run(global_step)
-        log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
-        for epoch in range(FLAGS.epochs):
-            if step >= last_step:
-                break
-            for batch_x, batch_y in mnist_data.epoch_batches(
-                    mnist.train, FLAGS.batch_size * steps_per_run, rng):
-                _, loss_value, step = sess.run(
-                    [train_op, loss, global_step],
-                    feed_dict={x: batch_x, y_: batch_y})
-                log.step(step, loss_value, steps_per_run)
-                if FLAGS.step_delay_ms:
-                    time.sleep(FLAGS.step_delay_ms / 1000)
-            log.epoch(epoch, step, loss_value)
-        final_accuracy = accuracy_on(mnist.test)
-        print('worker=%d, final accuracy = %s'
-              % (FLAGS.task_index, final_accuracy), flush=True)
-        log.final(step, final_accuracy)
-    liveness.close_session(sv, sess)
+    step = sess.run(global_step)
+    log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
+    for epoch in range(FLAGS.epochs):
+        if step >= last_step:
+            break
+        for batch_x, batch_y in mnist_data.epoch_batches(
+                mnist.train, FLAGS.batch_size * steps_per_run, rng):
+            _, loss_value, step = sess.run(
+                [train_op, loss, global_step],
+                feed_dict={x: batch_x, y_: batch_y})
+            log.step(step, loss_value, steps_per_run)
+            if FLAGS.step_delay_ms:
+                time.sleep(FLAGS.step_delay_ms / 1000)
+        log.epoch(epoch, step, loss_value)
+    final_accuracy = accuracy_on(mnist.test)
+    print('worker=%d, final accuracy = %s'
+          % (FLAGS.task_index, final_accuracy), flush=True)
+    log.final(step, final_accuracy)
+    sess.close()
     cluster_utils.leave()
 
 

@@ -131,10 +131,14 @@ def main(_):
             sess.run(add_token_op)
         return True
 
+    def start_updates(sess):
+        sv.start_queue_runners(sess, [chief_queue_runner])
+        sess.run(init_tokens_op)
+
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir; the others wait for it, checking every second
     # instead of Supervisor's default 30. Its checkpoints come from
-    # liveness.supervised_session: a failed save stops the Supervisor's own.
+    # liveness.RecoverableSession: a failed save stops the Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
@@ -144,46 +148,45 @@ def main(_):
         ready_for_local_init_op=opt.ready_for_local_init_op,
         recovery_wait_secs=1,
         save_model_secs=0)
-    sess = liveness.supervised_session(sv, server, cluster,
+    sess = liveness.RecoverableSession(sv, server, cluster,
                                        on_worker_gone=worker_gone)
 
     def accuracy_on(split):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
 
     rng = np.random.default_rng(FLAGS.task_index)
-    with cluster_utils.exit_if_cluster_lost(cluster):
-        step = sess.run(global_step)  # SYNC: a latecomer may find it done
-        log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
-        # SYNC: the chief runs the queue runner that applies the aggregated
-        # gradients, and puts in the tokens that let the first step complete;
-        # only now, so that no update can come before the step it logged.
-        if is_chief:
-            sv.start_queue_runners(sess, [chief_queue_runner])
-            sess.run(init_tokens_op)
-        epoch = 0
-        while step < last_step:
-            for batch_x, batch_y in mnist_data.epoch_batches(
-                    mnist.train, FLAGS.batch_size * steps_per_run, rng):
-                step, loss_value = sess.run(
-                    [step_after, loss],
-                    feed_dict={x: batch_x, y_: batch_y})
-                log.step(step, loss_value, steps_per_run)
-                if FLAGS.step_delay_ms:
-                    time.sleep(FLAGS.step_delay_ms / 1000)
-                if step >= last_step:
-                    break
-            else:  # a whole epoch
-                log.epoch(epoch, step, loss_value)
-            epoch += 1
-        try:
-            sess.run(release_tokens_op)
-        except tf.errors.CancelledError:
-            pass  # SYNC: the chief is done and closed the queue: none waits
-        final_accuracy = accuracy_on(mnist.test)
-        print('worker=%d, final accuracy = %s'
-              % (FLAGS.task_index, final_accuracy), flush=True)
-        log.final(step, final_accuracy)
-    liveness.close_session(sv, sess)
+    step = sess.run(global_step)  # SYNC: a latecomer may find it done
+    log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
+    # SYNC: the chief runs the queue runner that applies the aggregated
+    # gradients, and puts in the tokens that let the first step complete;
+    # only now, so that no update can come before the step it logged; and
+    # again in each new session after a lost ps.
+    if is_chief:
+        sess.on_each_session(start_updates)
+    epoch = 0
+    while step < last_step:
+        for batch_x, batch_y in mnist_data.epoch_batches(
+                mnist.train, FLAGS.batch_size * steps_per_run, rng):
+            step, loss_value = sess.run(
+                [step_after, loss],
+                feed_dict={x: batch_x, y_: batch_y})
+            log.step(step, loss_value, steps_per_run)
+            if FLAGS.step_delay_ms:
+                time.sleep(FLAGS.step_delay_ms / 1000)
+            if step >= last_step:
+                break
+        else:  # a whole epoch
+            log.epoch(epoch, step, loss_value)
+        epoch += 1
+    try:
+        sess.run(release_tokens_op)
+    except tf.errors.CancelledError:
+        pass  # SYNC: the chief is done and closed the queue: none waits
+    final_accuracy = accuracy_on(mnist.test)
+    print('worker=%d, final accuracy = %s'
+          % (FLAGS.task_index, final_accuracy), flush=True)
+    log.final(step, final_accuracy)
+    sess.close()
     cluster_utils.leave()
 
 

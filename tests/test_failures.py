@@ -102,7 +102,8 @@ def test_killed_worker_does_not_stop_training(procs, free_ports, small_data,
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_lost_ps_ends_every_worker(procs, free_ports, small_data, script):
     ps, workers = procs.cluster(script, free_ports,
-                                '--data_dir=' + small_data, *LONG_RUN)
+                                '--data_dir=' + small_data, '--ps_timeout=5',
+                                *LONG_RUN)
     for i, worker in enumerate(workers):
         procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
     os.kill(ps.pid, signal.SIGKILL)
@@ -233,7 +234,8 @@ def test_signal_ends_a_worker_and_the_others_go_on(procs, free_ports,
 def test_signal_ends_the_ps_and_so_every_worker(procs, free_ports,
                                                 small_data):
     ps, workers = procs.cluster('sync', free_ports,
-                                '--data_dir=' + small_data, *LONG_RUN)
+                                '--data_dir=' + small_data, '--ps_timeout=5',
+                                *LONG_RUN)
     for i, worker in enumerate(workers):
         procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
     os.killpg(ps.pid, signal.SIGINT)

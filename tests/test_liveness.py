@@ -1,14 +1,23 @@
-"""Many workers: 16 of them and 1 or 2 ps tasks, each script, on 2 cores.
+"""Many workers, and a ps task that goes away and comes back.
 
 Liveness rides on the ps tasks' channels, so the cost per worker does not
-grow with their number (bench_scale.py measures it); here the runs of that
-size complete, every worker with its final accuracy, and every ps leaves.
-The faults that liveness answers are in test_failures.py.
+grow with their number (bench_scale.py measures it); here the runs of 16
+workers and 1 or 2 ps tasks complete, every worker with its final accuracy,
+and every ps leaves. A ps task killed and started again, or stopped and
+continued, costs no worker its run. The other faults are in
+test_failures.py.
 """
+
+import glob
+import os
+import re
+import signal
+import time
 
 import pytest
 
 from conftest import final_accuracies, left_running
+from test_failures import assert_clean_exit
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -32,3 +41,61 @@ def test_sixteen_workers_complete(procs, free_ports, small_data, script,
     for proc in workers + ps:
         assert proc.returncode == 0, procs.output(proc)
         assert left_running(proc) == []
+
+
+# Long enough to be stopped mid-run: 10 steps an epoch on the small data.
+LONG_RUN = ['--epochs=100', '--print_every_epochs=1', '--validation_size=100',
+            '--step_delay_ms=10']
+FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
+                        re.M)
+RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
+                                                      small_data, tmp_path,
+                                                      script):
+    logdir = tmp_path / 'logdir'
+    flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
+             '--save_checkpoint_secs=1'] + LONG_RUN
+    ports = free_ports(4)
+    ps, workers = procs.cluster(script, lambda n: ports, *flags)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
+    assert glob.glob(str(logdir / 'model.ckpt-*.index'))
+    os.kill(ps.pid, signal.SIGKILL)
+    ps.wait()
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(
+            worker, r'^worker=%d: lost the connection to /job:ps/task:0 '
+                    r'\(localhost:%d\); waiting up to 120 s for it$'
+                    % (i, ports[0]), 30)
+    ps = procs.script(script, 'ps', 0, ports[:1], ports[1:], *flags)
+    restored = int(procs.wait_for_output(workers[0], RESTORED, 60).group(1))
+    assert restored > 0
+    for i, worker in enumerate(workers):
+        resumed = procs.wait_for_output(
+            worker, r'^worker=%d: resuming at global_step=(\d+)$' % i, 60)
+        assert int(resumed.group(1)) >= restored
+    procs.wait_all(workers + [ps], 300)
+    for i, worker in enumerate(workers):
+        output = assert_clean_exit(procs, worker, 0)
+        assert i in final_accuracies(output)
+        [(steps, final_step)] = FINAL_STEP.findall(output)
+        assert int(final_step) > restored
+    assert_clean_exit(procs, ps, 0)
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_frozen_ps_costs_no_worker(procs, free_ports, small_data, script):
+    ps, workers = procs.cluster(script, free_ports, '--data_dir=' + small_data,
+                                *LONG_RUN)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
+    os.kill(ps.pid, signal.SIGSTOP)
+    time.sleep(20)
+    os.kill(ps.pid, signal.SIGCONT)
+    procs.wait_all(workers + [ps], 300)
+    for i, worker in enumerate(workers):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert_clean_exit(procs, ps, 0)
