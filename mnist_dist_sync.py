@@ -131,8 +131,12 @@ def main(_):
             sess.run(add_token_op)
         return True
 
+    # SYNC: the chief's queue runner applies the aggregated gradients. Run
+    # in a loop of the Supervisor's: as a QueueRunner it would close the
+    # token queue whenever it stops, a lost ps too, and then no worker could
+    # take a token again.
     def start_updates(sess):
-        sv.start_queue_runners(sess, [chief_queue_runner])
+        sv.loop(None, sess.run, args=(chief_queue_runner.enqueue_ops,))
         sess.run(init_tokens_op)
 
     # The chief initializes the variables, or restores them from the last
@@ -157,10 +161,10 @@ def main(_):
     rng = np.random.default_rng(FLAGS.task_index)
     step = sess.run(global_step)  # SYNC: a latecomer may find it done
     log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
-    # SYNC: the chief runs the queue runner that applies the aggregated
-    # gradients, and puts in the tokens that let the first step complete;
-    # only now, so that no update can come before the step it logged; and
-    # again in each new session after a lost ps.
+    # SYNC: the chief starts applying updates, and puts in the tokens that
+    # let the first step complete; only now, so that no update can come
+    # before the step it logged; and again in each new session after a lost
+    # ps.
     if is_chief:
         sess.on_each_session(start_updates)
     epoch = 0
@@ -178,10 +182,7 @@ def main(_):
         else:  # a whole epoch
             log.epoch(epoch, step, loss_value)
         epoch += 1
-    try:
-        sess.run(release_tokens_op)
-    except tf.errors.CancelledError:
-        pass  # SYNC: the chief is done and closed the queue: none waits
+    sess.run(release_tokens_op)
     final_accuracy = accuracy_on(mnist.test)
     print('worker=%d, final accuracy = %s'
           % (FLAGS.task_index, final_accuracy), flush=True)

@@ -51,39 +51,47 @@ FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
 RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
+# Sync with 2 ps: the one killed holds a variable, the other the token
+# queue, which must stay open for the run to go on.
+@pytest.mark.parametrize('script, num_ps', [('async', 1), ('sync', 1),
+                                            ('sync', 2)])
 def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                                                       small_data, tmp_path,
-                                                      script):
+                                                      script, num_ps):
     logdir = tmp_path / 'logdir'
     flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
              '--save_checkpoint_secs=1'] + LONG_RUN
-    ports = free_ports(4)
-    ps, workers = procs.cluster(script, lambda n: ports, *flags)
+    ports = free_ports(num_ps + 3)
+    ps, workers = procs.cluster(script, lambda n: ports, *flags,
+                                num_ps=num_ps)
+    ps = ps if num_ps > 1 else [ps]
     for i, worker in enumerate(workers):
         procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
     assert glob.glob(str(logdir / 'model.ckpt-*.index'))
-    os.kill(ps.pid, signal.SIGKILL)
-    ps.wait()
+    lost = num_ps - 1
+    os.kill(ps[lost].pid, signal.SIGKILL)
+    ps[lost].wait()
     for i, worker in enumerate(workers):
         procs.wait_for_output(
-            worker, r'^worker=%d: lost the connection to /job:ps/task:0 '
+            worker, r'^worker=%d: lost the connection to /job:ps/task:%d '
                     r'\(localhost:%d\); waiting up to 120 s for it$'
-                    % (i, ports[0]), 30)
-    ps = procs.script(script, 'ps', 0, ports[:1], ports[1:], *flags)
+                    % (i, lost, ports[lost]), 30)
+    ps[lost] = procs.script(script, 'ps', lost, ports[:num_ps],
+                            ports[num_ps:], *flags)
     restored = int(procs.wait_for_output(workers[0], RESTORED, 60).group(1))
     assert restored > 0
     for i, worker in enumerate(workers):
         resumed = procs.wait_for_output(
             worker, r'^worker=%d: resuming at global_step=(\d+)$' % i, 60)
         assert int(resumed.group(1)) >= restored
-    procs.wait_all(workers + [ps], 300)
+    procs.wait_all(workers + ps, 300)
     for i, worker in enumerate(workers):
         output = assert_clean_exit(procs, worker, 0)
         assert i in final_accuracies(output)
-        [(steps, final_step)] = FINAL_STEP.findall(output)
+        [(_, final_step)] = FINAL_STEP.findall(output)
         assert int(final_step) > restored
-    assert_clean_exit(procs, ps, 0)
+    for proc in ps:
+        assert_clean_exit(procs, proc, 0)
 
 
 @pytest.mark.parametrize('script', ['async', 'sync'])
