@@ -122,7 +122,7 @@ class RecoverableSession:
 
     def on_each_session(self, start):
         """Calls start(session) now, and in each new session: for threads of
-        the Supervisor's that run in it, such as a queue runner."""
+        the Supervisor's that run in it, such as the sync chief's updates."""
         self._recovering(start)
         self.starts.append(start)
 

@@ -51,10 +51,7 @@ FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
 RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
 
 
-# Sync with 2 ps: the one killed holds a variable, the other the token
-# queue, which must stay open for the run to go on.
-@pytest.mark.parametrize('script, num_ps', [('async', 1), ('sync', 1),
-                                            ('sync', 2)])
+@pytest.mark.parametrize('script, num_ps', [('async', 1), ('sync', 1)])
 def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                                                       small_data, tmp_path,
                                                       script, num_ps):

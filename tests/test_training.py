@@ -42,9 +42,10 @@ def test_three_workers_learn_small_data(procs, free_ports, small_data, script):
     if script == 'async':
         # Global steps count every worker's updates: 3 x 60 in all. The
         # global step is fetched beside train_op, before or after its
-        # increment, so the last worker may see 179.
+        # increment and the other workers' last ones, so the last worker
+        # may see 178 or 179.
         last = [int(EPOCH_LINE.findall(o)[-1][2]) for o in outputs]
-        assert max(last) in (179, 180)
+        assert max(last) in (178, 179, 180)
     else:
         # One update per step of all the workers; all end on the same one,
         # with the same variables.
