@@ -69,7 +69,10 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
         assert len(epoch_lines) == 3
     # Test accuracy too, and once more at the end.
     assert len(tags['test_accuracy']) == len(epoch_lines) + 1
-    assert tags['loss'] and all(s > 0 for s in tags['loss'])
+    # Loss every 50 of the chief's own steps: a sync chief may take fewer
+    # than 50, as the other workers take the tokens while it validates.
+    assert len(tags.get('loss', [])) == local_steps[0] // 50
+    assert all(s > 0 for s in tags.get('loss', []))
     assert tags['validation_accuracy'] == sorted(tags['validation_accuracy'])
     saved = tf.train.latest_checkpoint(logdir)
     assert saved
