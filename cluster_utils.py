@@ -416,12 +416,12 @@ def exit_if_cluster_lost(cluster):
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-        die('error: lost the connection to %s' % lost_task(cluster, e))
+        die('error: ' + lost_connection(cluster, e))
 
 
-def lost_task(cluster, error, missing=()):
-    """The task that an error of the cluster names, or else the first of the
-    ps tasks `missing`, or else all of them."""
+def lost_connection(cluster, error, missing=()):
+    """'lost the connection to' the task that an error of the cluster
+    names, or else the first of the ps tasks `missing`, or else all of them."""
     # The message names the tasks involved, this one among them.
     named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)', error.message)
     others = [(job, int(i)) for job, i in named
@@ -429,10 +429,11 @@ def lost_task(cluster, error, missing=()):
     if not others and missing:
         others = [('ps', min(missing))]
     if not others:
-        return 'a ps task (%s)' % ','.join(cluster.job_tasks('ps'))
+        return 'lost the connection to a ps task (%s)' % ','.join(
+            cluster.job_tasks('ps'))
     job, index = others[0]
-    return '/job:%s/task:%d (%s)' % (job, index,
-                                     cluster.task_address(job, index))
+    return 'lost the connection to /job:%s/task:%d (%s)' % (
+        job, index, cluster.task_address(job, index))
 
 
 @contextlib.contextmanager

@@ -98,6 +98,10 @@ class RecoverableSession:
     hold it (a ps that never left), else restores it from the last
     checkpoint in --logdir (a restarted ps holds none), or initializes it
     again; the others wait for it. Then the failed run is run again.
+    A thread may find the ps lost first, while the main thread waits on a
+    ps that stayed for what the stopped threads were to give it (the sync
+    workers' token): on_ps_lost(session), called by each worker once per
+    lost session, frees it, and its next run recovers.
 
     The chief saves checkpoints every --save_checkpoint_secs, in a loop of
     the Supervisor's that outlives a failed save (the Supervisor's own would
@@ -108,9 +112,14 @@ class RecoverableSession:
     again under them).
     """
 
-    def __init__(self, sv, server, cluster, on_worker_gone=None):
+    # How long the Supervisor's threads may take to stop, before the worker
+    # goes on without them.
+    STOP_SECS = 10
+
+    def __init__(self, sv, server, cluster, on_worker_gone=None,
+                 on_ps_lost=None):
         self.sv, self.server, self.cluster = sv, server, cluster
-        self.on_worker_gone = on_worker_gone
+        self.on_worker_gone, self.on_ps_lost = on_worker_gone, on_ps_lost
         self.starts = []
         wait_for_tasks(cluster, 'ps')
         with cluster_utils.exit_if_cluster_lost(cluster):
@@ -169,15 +178,16 @@ class RecoverableSession:
     def _recover(self, error):
         """Waits for every ps task to answer, and opens a new session; or,
         after --ps_timeout, ends this worker naming the ps task it lost."""
+        self.watchdog.paused = True
+        self.sv.coord.request_stop(error)  # the Watchdog calls on_ps_lost
         deadline = time.time() + FLAGS.ps_timeout
         addresses = self.cluster.job_tasks('ps')
         missing = {i for i, address in enumerate(addresses)
                    if not is_listening(address)}
-        print('worker=%d: lost the connection to %s; waiting up to %g s for '
-              'it' % (FLAGS.task_index, cluster_utils.lost_task(
-                  self.cluster, error, missing), FLAGS.ps_timeout),
-              flush=True)
-        self.watchdog.paused = True
+        print('worker=%d: %s; waiting up to %g s for it' % (
+            FLAGS.task_index,
+            cluster_utils.lost_connection(self.cluster, error, missing),
+            FLAGS.ps_timeout), flush=True)
         while True:
             missing = {i for i in missing if not is_listening(addresses[i])}
             if not missing:
@@ -194,9 +204,8 @@ class RecoverableSession:
                         tf.errors.AbortedError) as e:
                     error = e
             if time.time() > deadline:
-                cluster_utils.die('error: lost the connection to %s'
-                                  % cluster_utils.lost_task(
-                                      self.cluster, error, missing))
+                cluster_utils.die('error: ' + cluster_utils.lost_connection(
+                    self.cluster, error, missing))
             time.sleep(0.5)
 
     def _stop_threads(self, error):
@@ -204,10 +213,11 @@ class RecoverableSession:
         error, so that it neither closes the session nor marks this worker
         done."""
         self.sv.coord.request_stop(error)
+        self.watchdog.join(self.STOP_SECS)  # on_ps_lost runs in the session
         # Closing cancels what they wait for; it may wait on a lost ps.
         threading.Thread(target=self.session.close, daemon=True).start()
         try:
-            self.sv.coord.join(stop_grace_period_secs=10,
+            self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,
                                ignore_live_threads=True)
         except Exception:  # the error they stopped on
             pass
@@ -216,7 +226,8 @@ class RecoverableSession:
     def _open(self, again=False):
         sv, server, cluster = self.sv, self.server, self.cluster
         with cluster_utils.exit_if_misplaced(cluster):
-            self.watchdog = Watchdog(sv, server, cluster, self.on_worker_gone)
+            self.watchdog = Watchdog(sv, server, cluster, self.on_worker_gone,
+                                     self.on_ps_lost)
             if sv.is_chief and model_is_live(sv, server, cluster):
                 sess = sv.session_manager.prepare_session(
                     server.target,
@@ -287,16 +298,21 @@ class Watchdog(tf.train.LooperThread):
     away ends it. While it trains: a worker that went away is named once, if
     on_worker_gone(sess) says it is gone rather than done, and a global step
     that has not moved for --stall_timeout seconds ends it, naming the
-    workers that do not beat. When the Supervisor stops, it closes the
-    session and marks this worker done, and the Supervisor joins it.
-    While `paused` (the main thread waits for a lost ps) it only beats.
+    workers that do not beat. A beat that finds a ps lost stops the
+    Supervisor's threads with the error. When the Supervisor stops, it
+    closes the session and marks this worker done, and the Supervisor joins
+    it; on a lost ps it calls on_ps_lost(sess) instead. While `paused` (the
+    main thread waits for a lost ps) it only beats.
     """
 
     POLL_SECS = 0.5
+    # A run of the Watchdog's waits for a frozen ps ten polls at most.
+    RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, cluster, on_worker_gone):
+    def __init__(self, sv, server, cluster, on_worker_gone, on_ps_lost):
         super().__init__(sv.coord, self.POLL_SECS)
-        self.sv, self.on_worker_gone = sv, on_worker_gone
+        self.sv = sv
+        self.on_worker_gone, self.on_ps_lost = on_worker_gone, on_ps_lost
         self.workers = cluster.job_tasks('worker')
         self.sess, self.paused = None, False
         self.last_step, self.last_move = None, None
@@ -341,17 +357,26 @@ class Watchdog(tf.train.LooperThread):
 
     def _run(self, fetches, session=None):
         """fetches, run in the liveness session or the given one, or None
-        where a ps cannot answer (the main thread says so, with the lost-ps
-        line) or the session is closing."""
+        where a ps cannot answer (the beat says so) or the session is
+        closing."""
         try:
-            return (session or self.session).run(
-                fetches, options=tf.RunOptions(
-                    timeout_in_ms=int(self.POLL_SECS * 10000)))
+            return (session or self.session).run(fetches,
+                                                 options=self.RUN_OPTIONS)
         except (tf.errors.OpError, RuntimeError):
             return None
 
     def run_loop(self):
-        beat = self._run([self.beat_op, self.departed])
+        try:
+            beat = self.session.run([self.beat_op, self.departed],
+                                    options=self.RUN_OPTIONS)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+            # A lost ps: the Supervisor's threads stop with it, and the
+            # main thread recovers, freed by on_ps_lost if it waits.
+            if not self.paused:
+                self.sv.coord.request_stop(e)
+            return
+        except (tf.errors.OpError, RuntimeError):  # a frozen ps
+            beat = None
         if self.paused:
             return
         if beat is not None and beat[1] != self.last_departures.sum():
@@ -362,6 +387,13 @@ class Watchdog(tf.train.LooperThread):
     def stop_loop(self):
         try:
             self.sv.coord.raise_requested_exception()
+        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+            # A lost ps: the main thread may wait on a ps that stayed, for
+            # what the stopped threads were to give it. Closing the session
+            # would not free it: that waits on the lost ps.
+            if self.on_ps_lost and self.sess is not None:
+                self._call(self.on_ps_lost)
+            return
         except Exception:  # a thread failed: the main thread says why
             return
         # Done only once the session is closed: closing still needs the ps
@@ -407,11 +439,15 @@ class Watchdog(tf.train.LooperThread):
                 if i != FLAGS.task_index]
 
     def _is_gone(self):
-        if self.on_worker_gone is None:
-            return False
+        return self.on_worker_gone is not None and self._call(
+            self.on_worker_gone)
+
+    def _call(self, hook):
+        """hook(the training session), or False where a ps cannot answer
+        or the session is closing."""
         try:
-            return self.on_worker_gone(self.sess)
-        except (tf.errors.OpError, RuntimeError):  # the session is closing
+            return hook(self.sess)
+        except (tf.errors.OpError, RuntimeError):
             return False
 
     def _task(self, i):

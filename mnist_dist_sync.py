@@ -131,6 +131,13 @@ def main(_):
             sess.run(add_token_op)
         return True
 
+    # SYNC: a lost ps stops the chief's updates, and a worker may wait for
+    # a token, on a ps that stayed, that no update will give: each worker
+    # puts one in, so each that waits is freed, to meet the lost ps at its
+    # next step.
+    def ps_lost(sess):
+        sess.run(add_token_op)
+
     # SYNC: the chief's queue runner applies the aggregated gradients. Run
     # in a loop of the Supervisor's: as a QueueRunner it would close the
     # token queue whenever it stops, a lost ps too, and then no worker could
@@ -153,7 +160,8 @@ def main(_):
         recovery_wait_secs=1,
         save_model_secs=0)
     sess = liveness.RecoverableSession(sv, server, cluster,
-                                       on_worker_gone=worker_gone)
+                                       on_worker_gone=worker_gone,
+                                       on_ps_lost=ps_lost)
 
     def accuracy_on(split):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
