@@ -3,8 +3,8 @@
 In this order: the cluster's flags; one-line errors; where the cluster comes
 from (flags, TF_CONFIG, Slurm); this task's server and session configs; each
 worker's data; errors of the cluster; what a worker reports; signals; the
-end of a task. Which tasks are alive, and the session that depends on it,
-are liveness.py's.
+end of a task. Which tasks are alive is liveness.py's, the session a
+worker trains in training_session.py's.
 
 Importing it only defines things: the scripts set TensorFlow up themselves.
 """

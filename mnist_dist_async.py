@@ -29,6 +29,7 @@ from absl import app, flags  # noqa: E402
 import cluster_utils  # noqa: E402
 import liveness  # noqa: E402
 import mnist_data  # noqa: E402
+import training_session  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
@@ -102,7 +103,8 @@ def main(_):
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir; the others wait for it, checking every second
     # instead of Supervisor's default 30. Its checkpoints come from
-    # liveness.RecoverableSession: a failed save stops the Supervisor's own.
+    # training_session.RecoverableSession: a failed save stops the
+    # Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
@@ -110,7 +112,7 @@ def main(_):
         init_op=tf.global_variables_initializer(),
         recovery_wait_secs=1,
         save_model_secs=0)
-    sess = liveness.RecoverableSession(sv, server, cluster)
+    sess = training_session.RecoverableSession(sv, server, cluster)
 
     # Global steps count the steps of all workers. A run resumed from a
     # checkpoint in --logdir ends where the whole run would have.

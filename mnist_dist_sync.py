@@ -29,6 +29,7 @@ from absl import app, flags  # noqa: E402
 import cluster_utils  # noqa: E402
 import liveness  # noqa: E402
 import mnist_data  # noqa: E402
+import training_session  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
@@ -149,7 +150,8 @@ def main(_):
     # The chief initializes the variables, or restores them from the last
     # checkpoint in --logdir; the others wait for it, checking every second
     # instead of Supervisor's default 30. Its checkpoints come from
-    # liveness.RecoverableSession: a failed save stops the Supervisor's own.
+    # training_session.RecoverableSession: a failed save stops the
+    # Supervisor's own.
     sv = tf.train.Supervisor(
         is_chief=is_chief,
         logdir=FLAGS.logdir,
@@ -159,9 +161,9 @@ def main(_):
         ready_for_local_init_op=opt.ready_for_local_init_op,
         recovery_wait_secs=1,
         save_model_secs=0)
-    sess = liveness.RecoverableSession(sv, server, cluster,
-                                       on_worker_gone=worker_gone,
-                                       on_ps_lost=ps_lost)
+    sess = training_session.RecoverableSession(sv, server, cluster,
+                                               on_worker_gone=worker_gone,
+                                               on_ps_lost=ps_lost)
 
     def accuracy_on(split):
         return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
