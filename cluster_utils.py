@@ -420,18 +420,23 @@ def exit_if_cluster_lost(cluster):
 
 
 def lost_connection(cluster, error, missing=()):
-    """'lost the connection to' the task that an error of the cluster
-    names, or else the first of the ps tasks `missing`, or else all of them."""
-    # The message names the tasks involved, this one among them.
-    named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)', error.message)
-    others = [(job, int(i)) for job, i in named
-              if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
-    if not others and missing:
-        others = [('ps', min(missing))]
-    if not others:
+    """'lost the connection to' a ps task of `missing` (found not
+    listening), else to the task that a call in the error failed to reach,
+    else to another task it names, else to the ps tasks."""
+    # The tasks named first may only have passed the error on: with 2 ps, a
+    # live ps whose part of the step failed on the lost one.
+    lost = [('ps', i) for i in sorted(missing)] or [
+        (job, int(i)) for job, i in re.findall(
+            r'remote target /job:(\w+)/replica:\d+/task:(\d+)', error.message)]
+    if not lost:  # older TF, 1.15 among them, names no remote target
+        named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
+                           error.message)
+        lost = [(job, int(i)) for job, i in named
+                if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
+    if not lost:
         return 'lost the connection to a ps task (%s)' % ','.join(
             cluster.job_tasks('ps'))
-    job, index = others[0]
+    job, index = lost[0]
     return 'lost the connection to /job:%s/task:%d (%s)' % (
         job, index, cluster.task_address(job, index))
 

@@ -1,7 +1,8 @@
-"""Unit tests of cluster_utils: host lists, Slurm's placement, and the line
-of an error that says what went wrong."""
+"""Unit tests of cluster_utils: host lists, Slurm's placement, and the lines
+of errors that say what went wrong and which task was lost."""
 
 import pytest
+import tensorflow.compat.v1 as tf
 
 import cluster_utils
 
@@ -65,3 +66,25 @@ def test_slurm_placement_refuses_what_it_cannot_map():
 ])
 def test_what_went_wrong(message, line):
     assert cluster_utils.what_went_wrong(RuntimeError(message)) == line
+
+
+# As a worker of a sync run with 2 ps saw ps 1 killed: a live ps that passed
+# the error on comes first.
+LOST_PS_1 = (
+    'Graph execution error:\n\n=====================\nUNAVAILABLE: From '
+    '/job:ps/replica:0/task:0:\nrecvmsg:Connection reset by peer\n'
+    'Additional GRPC error information from remote target '
+    '/job:ps/replica:0/task:1 while calling '
+    '/tensorflow.WorkerService/RecvTensor:\n:UNKNOWN:Error received from '
+    'peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}')
+
+
+@pytest.mark.parametrize('missing, line', [
+    ((), 'lost the connection to /job:ps/task:1 (b:2)'),
+    ({1}, 'lost the connection to /job:ps/task:1 (b:2)'),
+    ({0}, 'lost the connection to /job:ps/task:0 (a:1)'),
+])
+def test_lost_connection(missing, line):
+    cluster = tf.train.ClusterSpec({'ps': ['a:1', 'b:2'], 'worker': ['c:3']})
+    error = tf.errors.UnavailableError(None, None, LOST_PS_1)
+    assert cluster_utils.lost_connection(cluster, error, missing) == line
