@@ -112,33 +112,56 @@ class RecoverableSession:
         self.watchdog.paused = True
         self.sv.coord.request_stop(error)  # the Watchdog calls on_ps_lost
         deadline = time.time() + FLAGS.ps_timeout
-        addresses = self.cluster.job_tasks('ps')
-        missing = {i for i, address in enumerate(addresses)
-                   if not liveness.is_listening(address)}
         print('worker=%d: %s; waiting up to %g s for it' % (
-            FLAGS.task_index,
-            cluster_utils.lost_connection(self.cluster, error, missing),
+            FLAGS.task_index, cluster_utils.lost_connection(
+                self.cluster, error, self._missing_ps()),
             FLAGS.ps_timeout), flush=True)
-        while True:
-            missing = {i for i in missing
-                       if not liveness.is_listening(addresses[i])}
-            if not missing:
-                try:
-                    self._stop_threads(error)
-                    self._open(again=True)
-                    step = self.session.run(self.sv.global_step)
-                    print('worker=%d: resuming at global_step=%d'
-                          % (FLAGS.task_index, step), flush=True)
-                    for start in self.starts:
-                        start(self.session)
-                    return
-                except (tf.errors.UnavailableError,
-                        tf.errors.AbortedError) as e:
-                    error = e
-            if time.time() > deadline:
-                cluster_utils.die('error: ' + cluster_utils.lost_connection(
-                    self.cluster, error, missing))
-            time.sleep(0.5)
+        recovered = threading.Event()
+        # Opening a session waits in TensorFlow, with no timeout, for a ps
+        # that a probe found still listening as it went away.
+        threading.Thread(target=self._end_if_ps_away, daemon=True,
+                         args=(error, recovered)).start()
+        try:
+            while True:
+                missing = self._missing_ps()
+                if not missing:
+                    try:
+                        self._reopen(error)
+                        return
+                    except (tf.errors.UnavailableError,
+                            tf.errors.AbortedError) as e:
+                        error = e
+                if time.time() > deadline:
+                    self._give_up(error, missing)
+                time.sleep(0.5)
+        finally:
+            recovered.set()
+
+    def _missing_ps(self):
+        """The ps tasks that do not accept connections at their address."""
+        return {i for i, address in enumerate(self.cluster.job_tasks('ps'))
+                if not liveness.is_listening(address)}
+
+    def _end_if_ps_away(self, error, recovered):
+        """Ends this worker, naming the lost ps task, if a ps task does not
+        answer at a deadline, every --ps_timeout, until it recovered."""
+        while not recovered.wait(FLAGS.ps_timeout):
+            missing = self._missing_ps()
+            if missing and not recovered.is_set():
+                self._give_up(error, missing)
+
+    def _give_up(self, error, missing):
+        cluster_utils.die('error: ' + cluster_utils.lost_connection(
+            self.cluster, error, missing))
+
+    def _reopen(self, error):
+        self._stop_threads(error)
+        self._open(again=True)
+        step = self.session.run(self.sv.global_step)
+        print('worker=%d: resuming at global_step=%d'
+              % (FLAGS.task_index, step), flush=True)
+        for start in self.starts:
+            start(self.session)
 
     def _stop_threads(self, error):
         """Stops the Supervisor's threads, the Watchdog among them, with the

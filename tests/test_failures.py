@@ -99,22 +99,33 @@ def test_killed_worker_does_not_stop_training(procs, free_ports, small_data,
     assert_clean_exit(procs, ps, 0)
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_lost_ps_ends_every_worker(procs, free_ports, small_data, script):
+# A dying ps may still accept connections when a worker probes it; the
+# worker then opens a new session, which waits in TensorFlow for the ps with
+# no timeout. Another process answering at its port a moment makes every
+# worker do so.
+@pytest.mark.parametrize('script, its_port', [('async', 'closed'),
+                                              ('sync', 'closed'),
+                                              ('sync', 'answering')])
+def test_lost_ps_ends_every_worker(procs, free_ports, small_data, script,
+                                   its_port):
     ps, workers = procs.cluster(script, free_ports,
                                 '--data_dir=' + small_data, '--ps_timeout=5',
                                 *LONG_RUN)
     for i, worker in enumerate(workers):
         procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
+    port = int(ps.args[4].rsplit(':', 1)[1])
     os.kill(ps.pid, signal.SIGKILL)
+    if its_port == 'answering':
+        ps.wait()
+        with socket.create_server(('', port)):
+            time.sleep(2)
     procs.wait_all(workers, 30)
     for i, worker in enumerate(workers):
         # TensorFlow logs the broken connection too; ours is the last line.
         assert_clean_exit(procs, worker, 1)
         last = procs.stderr(worker).splitlines()[-1]
         assert last == ('/job:worker/task:%d: error: lost the connection to '
-                        '/job:ps/task:0 (localhost:%d)'
-                        % (i, int(ps.args[4].rsplit(':', 1)[1])))
+                        '/job:ps/task:0 (localhost:%d)' % (i, port))
 
 
 def test_missing_ps_ends_worker_after_startup_timeout(procs, free_ports,
