@@ -96,8 +96,9 @@ class Watchdog(tf.train.LooperThread):
     workers that do not beat. A beat that finds a ps lost stops the
     Supervisor's threads with the error. When the Supervisor stops, it
     closes the session and marks this worker done, and the Supervisor joins
-    it; on a lost ps it calls on_ps_lost(sess) instead. While `paused` (the
-    main thread waits for a lost ps) it only beats.
+    it; on a lost ps it calls on_ps_lost(sess) instead, each poll, until
+    `paused`: the main thread waits for a lost ps, or closes. While paused
+    it only beats.
     """
 
     POLL_SECS = 0.5
@@ -185,9 +186,13 @@ class Watchdog(tf.train.LooperThread):
         except (tf.errors.UnavailableError, tf.errors.AbortedError):
             # A lost ps: the main thread may wait on a ps that stayed, for
             # what the stopped threads were to give it. Closing the session
-            # would not free it: that waits on the lost ps.
-            if self.on_ps_lost and self.sess is not None:
+            # would not free it: that waits on the lost ps. Each poll again
+            # until the main thread is out: the call may meet the broken
+            # connection, and another worker may take what it gives.
+            while self.on_ps_lost and self.sess is not None \
+                    and not self.paused:
                 self._call(self.on_ps_lost)
+                time.sleep(self.POLL_SECS)
             return
         except Exception:  # a thread failed: the main thread says why
             return

@@ -134,8 +134,8 @@ def main(_):
 
     # SYNC: a lost ps stops the chief's updates, and a worker may wait for
     # a token, on a ps that stayed, that no update will give: each worker
-    # puts one in, so each that waits is freed, to meet the lost ps at its
-    # next step.
+    # puts them in (one each poll of its Watchdog) until it is freed, to
+    # meet the lost ps at its next step.
     def ps_lost(sess):
         sess.run(add_token_op)
 

@@ -77,6 +77,7 @@ class RecoverableSession:
         """
         if self.sv.save_path:  # the chief, with a --logdir: a last one
             cluster_utils.save_checkpoint(self.sv, self.session)
+        self.watchdog.paused = True  # no training run left to free
         self.sv.request_stop()
         self.sv.stop(close_summary_writer=False)
         if self.sv.summary_writer:
