@@ -139,6 +139,15 @@ def fashion_mnist():
     return FASHION_MNIST
 
 
+def _output_file(path):
+    """An empty file for a task's output, opened to append: the task shares
+    its offset, which the test's reads move, and writes at the end all the
+    same."""
+    output = open(path, 'a+')
+    output.truncate(0)
+    return output
+
+
 def _sigint_as_from_a_terminal():
     # A suite run in the background (nohup, some CI runners) has SIGINT
     # ignored, and bash cannot trap a signal ignored when it started.
@@ -154,8 +163,8 @@ class Processes:
         self.running = []
 
     def start(self, args, name, env=None):
-        log = open(os.path.join(self.log_dir, name + '.log'), 'w+')
-        err = open(os.path.join(self.log_dir, name + '.err'), 'w+')
+        log = _output_file(os.path.join(self.log_dir, name + '.log'))
+        err = _output_file(os.path.join(self.log_dir, name + '.err'))
         env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
         proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=err,
                                 env=env, start_new_session=True,
