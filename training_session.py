@@ -7,6 +7,7 @@ loses a ps task probes its port again until it is back, within
 --ps_timeout, and trains on in a new session opened the same way.
 """
 
+import contextlib
 import threading
 import time
 
@@ -53,7 +54,8 @@ class RecoverableSession:
         self.on_worker_gone, self.on_ps_lost = on_worker_gone, on_ps_lost
         self.starts = []
         liveness.wait_for_tasks(cluster, 'ps')
-        with cluster_utils.exit_if_cluster_lost(cluster):
+        with cluster_utils.exit_if_cluster_lost(cluster), \
+                self._ending_if_ps_away(FLAGS.startup_timeout):
             self._open()
 
     def run(self, fetches, feed_dict=None):
@@ -117,12 +119,7 @@ class RecoverableSession:
             FLAGS.task_index, cluster_utils.lost_connection(
                 self.cluster, error, self._missing_ps()),
             FLAGS.ps_timeout), flush=True)
-        recovered = threading.Event()
-        # Opening a session waits in TensorFlow, with no timeout, for a ps
-        # that a probe found still listening as it went away.
-        threading.Thread(target=self._end_if_ps_away, daemon=True,
-                         args=(error, recovered)).start()
-        try:
+        with self._ending_if_ps_away(FLAGS.ps_timeout, error):
             while True:
                 missing = self._missing_ps()
                 if not missing:
@@ -135,21 +132,31 @@ class RecoverableSession:
                 if time.time() > deadline:
                     self._give_up(error, missing)
                 time.sleep(0.5)
-        finally:
-            recovered.set()
 
     def _missing_ps(self):
         """The ps tasks that do not accept connections at their address."""
         return {i for i, address in enumerate(self.cluster.job_tasks('ps'))
                 if not liveness.is_listening(address)}
 
-    def _end_if_ps_away(self, error, recovered):
+    @contextlib.contextmanager
+    def _ending_if_ps_away(self, secs, error=None):
         """Ends this worker, naming the lost ps task, if a ps task does not
-        answer at a deadline, every --ps_timeout, until it recovered."""
-        while not recovered.wait(FLAGS.ps_timeout):
-            missing = self._missing_ps()
-            if missing and not recovered.is_set():
-                self._give_up(error, missing)
+        answer at a deadline, every `secs`, until the block is done."""
+        # Opening a session waits in TensorFlow, with no timeout, for a ps
+        # that went away after a probe found it listening.
+        done = threading.Event()
+
+        def end_if_ps_away():
+            while not done.wait(secs):
+                missing = self._missing_ps()
+                if missing and not done.is_set():
+                    self._give_up(error, missing)
+
+        threading.Thread(target=end_if_ps_away, daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def _give_up(self, error, missing):
         cluster_utils.die('error: ' + cluster_utils.lost_connection(

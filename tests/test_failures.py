@@ -151,6 +151,23 @@ def test_missing_chief_ends_worker_and_ps(procs, free_ports, small_data):
                           'did not come up within 5 s')
 
 
+@pytest.mark.parametrize('index', [0, 1])
+def test_ps_lost_at_start_up_ends_the_worker(procs, free_ports, small_data,
+                                             index):
+    # The port answers the worker's probe, then nothing is there: opening
+    # a session would wait in TensorFlow for good.
+    ports = free_ports(4)
+    with socket.create_server(('', ports[0])) as ps_port:
+        worker = procs.script('async', 'worker', index, ports[:1], ports[1:],
+                              '--data_dir=' + small_data,
+                              '--startup_timeout=5', *SHORT_RUN)
+        ps_port.settimeout(60)
+        ps_port.accept()[0].close()
+    procs.wait_all([worker], 30)
+    assert_one_error_line(procs, worker, 1, 'lost the connection to '
+                          '/job:ps/task:0 (localhost:%d)' % ports[0])
+
+
 def test_port_in_use(procs, free_ports, small_data):
     ports = free_ports(4)
     with socket.socket() as holder:
