@@ -13,21 +13,57 @@
 # the host's network instead.
 set -u
 
+usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-H] {async|sync|compare} [script flags...]"
+
 usage() {
-  echo "usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-H]" \
-       "{async|sync|compare} [script flags...]" >&2
+  echo "$usage_line" >&2
+  echo "$0 -h prints the help" >&2
   exit 2
+}
+
+print_help() {
+  cat <<EOF
+$usage_line
+
+Runs a parameter-server cluster on this machine, one process per task, and
+prints each worker's final accuracy.
+
+modes:
+  async     mnist_dist_async.py: each worker applies its own updates
+  sync      mnist_dist_sync.py: SyncReplicasOptimizer aggregates them
+  compare   async, then sync, with the same flags and a --logdir each, then
+            compare.py's table and chart of the two
+
+options:
+  -n NUM_WORKERS  worker tasks (default 3)
+  -p NUM_PS       ps tasks (default 1)
+  -b BASE_PORT    first port: the ps tasks', then the workers' (default 9001)
+  -o RUN_DIR      one log per task here (default runs/MODE-DATE-TIME)
+  -H              on the host's network, not a private network namespace
+  -h, --help      this help
+
+Flags after the mode go to every task of the script as they are, e.g.
+--epochs=5 --data_dir=~/.cache/mnist --logdir=/tmp/run; python3
+mnist_dist_async.py --help lists them. ~ at the start of --data_dir and
+--logdir is the home directory.
+
+exit status: 0 if every task did, 1 if any task failed, 2 on a usage error,
+130 if interrupted (SIGINT or SIGTERM: every task is stopped first).
+EOF
+  exit 0
 }
 
 args=("$@")
 num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0
-while getopts 'n:p:b:o:Hh' opt; do
+while getopts 'n:p:b:o:Hh-:' opt; do
   case $opt in
     n) num_workers=$OPTARG ;;
     p) num_ps=$OPTARG ;;
     b) base_port=$OPTARG ;;
     o) run_dir=$OPTARG ;;
     H) host_network=1 ;;
+    h) print_help ;;
+    -) [[ $OPTARG == help ]] && print_help; usage ;;
     *) usage ;;
   esac
 done
@@ -73,11 +109,17 @@ ps_hosts=$(host_list "$base_port" "$num_ps")
 worker_hosts=$(host_list $((base_port + num_ps)) "$num_workers")
 
 if [[ $mode == compare ]]; then
-  failed=0
+  failed=0 child=''
+  # Each run stops its own tasks on SIGTERM. In the background, where the
+  # trap can act at once, not after the run; and it ignores SIGINT there.
+  trap 'echo "$0: interrupted, stopping every task" >&2
+        [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 130' INT TERM
   for m in async sync; do
     # Already in the namespace, or on the host network by choice: -H.
     "$0" -H -n "$num_workers" -p "$num_ps" -b "$base_port" -o "$run_dir/$m" \
-      "$m" --logdir="$run_dir/$m/logdir" "$@"
+      "$m" --logdir="$run_dir/$m/logdir" "$@" &
+    child=$!
+    wait "$child"
     status=$?
     ((status == 130)) && exit 130
     ((status == 0)) || failed=1

@@ -149,7 +149,9 @@ def main(argv):
     """
     parser = argparse.ArgumentParser(allow_abbrev=False,
                                      usage=argparse.SUPPRESS)
-    parser.add_argument('--data_dir', default=DEFAULT_DIR)
+    # ~ as in a shell, which does not expand it after '='.
+    parser.add_argument('--data_dir', default=DEFAULT_DIR,
+                        type=os.path.expanduser)
     parser.add_argument('--data_mirror')
     parser.add_argument('--validation_size', type=int, default=5000)
     args, _ = parser.parse_known_args(argv)

@@ -68,20 +68,24 @@ def test_launcher_reports_failure(procs, tmp_path, free_port_run):
     assert not any(listening(port) for port in range(base, base + 3))
 
 
-@pytest.mark.parametrize('host_network', [True, False])
+# compare runs each mode as a launcher of its own, which the signal must
+# reach too.
+@pytest.mark.parametrize('host_network, mode, signum', [
+    (True, 'async', signal.SIGINT), (False, 'async', signal.SIGINT),
+    (True, 'compare', signal.SIGINT), (True, 'compare', signal.SIGTERM)])
 def test_ctrl_c_stops_every_task(procs, tmp_path, free_port_run, small_data,
-                                 host_network):
+                                 host_network, mode, signum):
     if not host_network and not network_namespaces_work():
         pytest.skip('unshare cannot make a network namespace here')
     base = free_port_run(4)
     launcher = launch(procs, tmp_path, *(['-H'] if host_network else []),
-                      '-b', str(base), 'async', '--data_dir=' + small_data,
+                      '-b', str(base), mode, '--data_dir=' + small_data,
                       '--epochs=1000', '--print_every_epochs=1',
                       '--validation_size=100')
     procs.wait_for_output(launcher, r'^worker=2,epoch=', 60)
     # In its own network namespace the cluster cannot be reached from here.
     assert listening(base) == host_network
-    os.kill(launcher.pid, signal.SIGINT)
+    os.kill(launcher.pid, signum)
     procs.wait_all([launcher], 20)
     assert launcher.returncode == 130, procs.output(launcher)
     assert 'interrupted, stopping every task' in procs.output(launcher)
@@ -140,3 +144,15 @@ def test_launcher_usage_errors(procs, tmp_path, args, message):
     procs.wait_all([launcher], 10)
     assert launcher.returncode == 2
     assert message in procs.output(launcher)
+
+
+@pytest.mark.parametrize('flag', ['-h', '--help'])
+def test_launcher_help(procs, tmp_path, flag):
+    launcher = launch(procs, tmp_path, flag)
+    procs.wait_all([launcher], 10)
+    output = procs.output(launcher)
+    assert launcher.returncode == 0, output
+    for words in ('usage:', 'compare', '-n NUM_WORKERS', '-H',
+                  'Flags after the mode go to every task', 'exit status',
+                  '130 if interrupted'):
+        assert words in output
