@@ -72,7 +72,12 @@ flags.DEFINE_float('ps_timeout', 120,
                    'up.')
 flags.DEFINE_float('stall_timeout', 180,
                    'Seconds without a new global step after which every '
-                   'worker gives up, naming the workers that are gone.')
+                   'worker gives up, naming the workers that are gone or '
+                   'the ps task that does not answer, whatever it waits in.')
+flags.DEFINE_float('worker_timeout', 120,
+                   'Seconds a ps waits for workers that fell silent (a '
+                   'network cut, a rebooting node) before it leaves a run '
+                   'that every other worker has left.')
 flags.register_validator('stall_timeout', lambda v: v > 0,
                          'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
@@ -80,6 +85,8 @@ flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
 flags.register_validator('startup_timeout', lambda v: v > 0,
                          'must be positive')
 flags.register_validator('ps_timeout', lambda v: v > 0, 'must be positive')
+flags.register_validator('worker_timeout', lambda v: v > 0,
+                         'must be positive')
 flags.register_validator('save_checkpoint_secs', lambda v: v > 0,
                          'must be positive')
 
@@ -107,11 +114,17 @@ def _check_host_lists(values):
 
 
 def parse_flags(argv):
-    """absl's parser, but a usage error is one line and exit status 2."""
+    """absl's parser, but a usage error is one line and exit status 2; and
+    ~ at the start of --data_dir or --logdir is the home directory, as in a
+    shell, which does not expand it after '='."""
     try:
-        return FLAGS(argv)
+        argv = FLAGS(argv)
     except flags.Error as e:
         usage_error(e)
+    for name in ('data_dir', 'logdir'):
+        if FLAGS[name].value:
+            FLAGS[name].value = os.path.expanduser(FLAGS[name].value)
+    return argv
 
 
 # --------------------------------------------------------- one-line errors
@@ -127,8 +140,11 @@ def usage_error(message):
 
 
 def fail(message):
-    """Ends this task with a one-line error and exit status 1."""
-    print('%s: error: %s' % (task_name(), message), file=sys.stderr)
+    """Ends this task with a one-line error and exit status 1, once it has
+    told the cluster why."""
+    print('%s: error: %s' % (task_name(), message), file=sys.stderr,
+          flush=True)
+    say_last_words(str(message))
     sys.exit(1)
 
 
@@ -143,8 +159,9 @@ def what_went_wrong(error):
     return lines[0]
 
 
-def die(message, status=1):
-    """One line on stderr, and the whole task ends at once, from any thread.
+def die(message, status=1, on_purpose=True):
+    """One line on stderr, and the whole task ends at once, from any thread;
+    on purpose, it tells the cluster why first.
 
     With os._exit: closing a session whose ps is gone, or that another
     thread is inside, can block for good, and so can the interpreter's own
@@ -154,7 +171,38 @@ def die(message, status=1):
         print('%s: %s' % (task_name(), message), file=sys.stderr, flush=True)
     except OSError:  # nobody reads stderr any more
         pass
+    if on_purpose:
+        say_last_words(message[len('error: '):] if message.startswith(
+            'error: ') else message)
     os._exit(status)
+
+
+# Callables that tell the other tasks why this one ends on purpose: set up
+# once by liveness.py, called by the thread that ends the task.
+_last_words = []
+# How long the last words may take: a ps gives the workers time to read them.
+LAST_WORDS_SECS = 6
+
+
+def before_leaving(tell):
+    """tell(reason) will be called when this task ends on purpose: an error
+    of its own or Ctrl-C; not SIGTERM, which a scheduler sends to a task it
+    will start again, nor a crash."""
+    _last_words.append(tell)
+
+
+def say_last_words(reason):
+    """Calls what before_leaving() set up, for LAST_WORDS_SECS at most: a
+    frozen ps can block a run of TensorFlow's past its timeout."""
+    def tell_all():
+        for tell in _last_words:
+            try:
+                tell(reason)
+            except Exception:  # the other tasks may be gone already
+                pass
+    thread = threading.Thread(target=tell_all, daemon=True)
+    thread.start()
+    thread.join(LAST_WORDS_SECS)
 
 
 # -------------------------------------------- where the cluster comes from
@@ -425,14 +473,18 @@ def lost_connection(cluster, error, missing=()):
     else to another task it names, else to the ps tasks."""
     # The tasks named first may only have passed the error on: with 2 ps, a
     # live ps whose part of the step failed on the lost one.
+    # Nor is this task lost: a call that this task's own server failed
+    # (the ps behind it frozen) names it as the remote target.
+    me = (FLAGS['job_name'].value, FLAGS['task_index'].value)
+    message = error.message if error else ''
     lost = [('ps', i) for i in sorted(missing)] or [
         (job, int(i)) for job, i in re.findall(
-            r'remote target /job:(\w+)/replica:\d+/task:(\d+)', error.message)]
+            r'remote target /job:(\w+)/replica:\d+/task:(\d+)', message)
+        if (job, int(i)) != me]
     if not lost:  # older TF, 1.15 among them, names no remote target
-        named = re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
-                           error.message)
-        lost = [(job, int(i)) for job, i in named
-                if (job, int(i)) != (FLAGS.job_name, FLAGS.task_index)]
+        lost = [(job, int(i)) for job, i in re.findall(
+            r'/job:(\w+)/replica:\d+/task:(\d+)', message)
+            if (job, int(i)) != me]
     if not lost:
         return 'lost the connection to a ps task (%s)' % ','.join(
             cluster.job_tasks('ps'))
@@ -530,7 +582,9 @@ class TrainingLog:
 
 def exit_on_signals():
     """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line and
-    status 130 or 143, wherever it is, inside sess.run too.
+    status 130 or 143, wherever it is, inside sess.run too. Ctrl-C ends it
+    on purpose, and the cluster is told; SIGTERM is what a scheduler sends
+    to a task it may start again, and the cluster waits for it.
 
     Python runs its handlers in the main thread only, between bytecodes:
     never while that thread waits in TensorFlow's C++. The signal number
@@ -543,8 +597,11 @@ def exit_on_signals():
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)  # the pipe's reader acts
 
-    threading.Thread(target=lambda: die(
-        'interrupted', 128 + os.read(read_end, 1)[0]), daemon=True).start()
+    def end():
+        signum = os.read(read_end, 1)[0]
+        die('interrupted', 128 + signum, on_purpose=signum == signal.SIGINT)
+
+    threading.Thread(target=end, daemon=True).start()
 
 
 # ----------------------------------------------------------- end of a task

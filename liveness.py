@@ -13,6 +13,12 @@ is gone. A worker's cost is one small RPC to each ps task per poll, beside
 the stall watchdog's read of the global step, whatever the number of
 workers.
 
+A task that ends on purpose says why: a worker marks its slot of the beats
+(-1 done, -2 left on an error of its own or Ctrl-C); a ps writes its
+reason where every worker reads it with its beat, and waits until they
+have. A task that falls silent is waited for: by the ps for
+--worker_timeout, by a worker for --ps_timeout.
+
 The counters live in a graph of their own, so the Supervisor neither saves,
 initializes nor waits for them.
 
@@ -23,6 +29,7 @@ training_session.py's.
 import socket
 import time
 
+import grpc
 import numpy as np
 import tensorflow.compat.v1 as tf
 
@@ -32,26 +39,46 @@ from cluster_utils import FLAGS
 # A worker whose counter has not moved for this long is gone: ten missed
 # beats, so that a busy machine is not taken for a dead worker.
 GONE_SECS = 5
-# A ps leaves a run only once every worker is done or this long silent: it
-# cannot come back, so it waits longer than a notice of a worker gone.
-LEAVE_SECS = 15
+# A worker counts its --startup_timeout from when it reached the ps; the ps,
+# from its own start, waits this much longer for a worker that never came,
+# so that a worker waiting for a chief that never came names it itself.
+STARTUP_GRACE_SECS = 5
+# The marks of a worker's beats that end it: done, or left on purpose.
+DONE, LEFT = -1, -2
 
 
 def counters(num_workers, ps_tasks):
     """The counters of each of ps_tasks (their indices): `beats`, one per
-    worker, which -1 marks done; and `departures`, how many times each
-    worker was found gone."""
-    beats, departures = [], []
+    worker, which DONE or LEFT ends; `departures`, how many times each
+    worker was found gone; and `farewell`, why the ps ends on purpose."""
+    beats, departures, farewells = [], [], []
     for k in ps_tasks:
         with tf.device('/job:ps/task:%d' % k):
             beats.append(tf.Variable(tf.zeros([num_workers], tf.int64),
                                      name='liveness/beats_%d' % k))
             departures.append(tf.Variable(tf.zeros([num_workers], tf.int64),
                                           name='liveness/departures_%d' % k))
-    return beats, departures
+            farewells.append(tf.Variable('', name='liveness/farewell_%d' % k))
+    return beats, departures, farewells
 
 
 # --------------------------------------------- waiting for the other tasks
+
+def answers(address, timeout=2.0):
+    """Whether the TensorFlow server at address answers a call within
+    timeout: a frozen process still accepts connections, so an open port is
+    not enough. Not a session run: one of those can block past its own
+    timeout on a frozen ps. GetStatus's request is an empty message."""
+    with grpc.insecure_channel(address) as channel:
+        get_status = channel.unary_unary(
+            '/tensorflow.WorkerService/GetStatus',
+            request_serializer=lambda _: b'', response_deserializer=len)
+        try:
+            get_status(None, timeout=timeout)
+            return True
+        except grpc.RpcError:
+            return False
+
 
 def is_listening(address, timeout=1.0):
     host, _, port = address.rpartition(':')
@@ -63,7 +90,8 @@ def is_listening(address, timeout=1.0):
 
 
 def wait_for_tasks(cluster, job):
-    """Blocks until every task of `job` accepts connections."""
+    """Blocks until every task of `job` accepts connections: it is up, if
+    perhaps not yet serving (answers() then tells)."""
     deadline = time.time() + FLAGS.startup_timeout
     addresses = cluster.job_tasks(job)
     missing = set(range(len(addresses)))
@@ -87,41 +115,48 @@ def fail_if_late(job, addresses, missing, deadline):
 
 class Watchdog(tf.train.LooperThread):
     """A thread of the Supervisor's that beats for this worker, and watches
-    the other workers and the global step through the ps tasks.
+    the other workers, the ps tasks and the global step through the ps
+    tasks.
 
     While this worker waits for the model: a chief that came up and went
     away ends it. While it trains: a worker that went away is named once, if
-    on_worker_gone(sess) says it is gone rather than done, and a global step
-    that has not moved for --stall_timeout seconds ends it, naming the
-    workers that do not beat. A beat that finds a ps lost stops the
-    Supervisor's threads with the error. When the Supervisor stops, it
-    closes the session and marks this worker done, and the Supervisor joins
-    it; on a lost ps it calls on_ps_lost(sess) instead, each poll, until
-    `paused`: the main thread waits for a lost ps, or closes. While paused
-    it only beats.
+    on_worker_gone(sess) says it is gone rather than done, and each new
+    global step is told to on_step(step), the stall watch's. A ps that ends
+    on purpose, and says why, ends this worker, quoting it. A beat that
+    finds a ps lost stops the Supervisor's threads with the error. When the
+    Supervisor stops, it closes the session and marks this worker done, and
+    the Supervisor joins it; on a lost ps it calls on_ps_lost(sess) instead,
+    each poll, until `paused`: the main thread waits for a lost ps, or
+    closes. While paused it only beats.
     """
 
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, cluster, on_worker_gone, on_ps_lost):
+    def __init__(self, sv, server, cluster, on_worker_gone, on_ps_lost,
+                 on_step):
         super().__init__(sv.coord, self.POLL_SECS)
         self.sv = sv
         self.on_worker_gone, self.on_ps_lost = on_worker_gone, on_ps_lost
+        self.on_step = on_step
         self.workers = cluster.job_tasks('worker')
+        self.ps_tasks = cluster.job_tasks('ps')
         self.sess, self.paused = None, False
-        self.last_step, self.last_move = None, None
         me = FLAGS.task_index
         graph = tf.Graph()
         with graph.as_default():
-            beats, departures = counters(len(self.workers),
-                                         range(cluster.num_tasks('ps')))
-            one, done = tf.constant([1], tf.int64), tf.constant([-1], tf.int64)
+            beats, departures, self.farewells = counters(
+                len(self.workers), range(len(self.ps_tasks)))
+
+            def mark(value):
+                value = tf.constant([value], tf.int64)
+                return tf.group(*[tf.scatter_update(b, [me], value)
+                                  for b in beats])
+            one = tf.constant([1], tf.int64)
             self.beat_op = tf.group(*[tf.scatter_add(b, [me], one)
                                       for b in beats])
-            self.done_op = tf.group(*[tf.scatter_update(b, [me], done)
-                                      for b in beats])
+            self.done_op, self.left_op = mark(DONE), mark(LEFT)
             self.beats, self.departures = beats[0], departures[0]
             # Summed where it lies: a scalar a poll, not a vector.
             with tf.device(self.departures.device):
@@ -163,8 +198,9 @@ class Watchdog(tf.train.LooperThread):
 
     def run_loop(self):
         try:
-            beat = self.session.run([self.beat_op, self.departed],
-                                    options=self.RUN_OPTIONS)
+            _, departed, farewells = self.session.run(
+                [self.beat_op, self.departed, self.farewells],
+                options=self.RUN_OPTIONS)
         except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
             # A lost ps: the Supervisor's threads stop with it, and the
             # main thread recovers, freed by on_ps_lost if it waits.
@@ -172,13 +208,21 @@ class Watchdog(tf.train.LooperThread):
                 self.sv.coord.request_stop(e)
             return
         except (tf.errors.OpError, RuntimeError):  # a frozen ps
-            beat = None
+            return
+        for k, reason in enumerate(farewells):
+            if reason:
+                cluster_utils.die(
+                    'error: lost the connection to /job:ps/task:%d (%s), '
+                    'which ended: "%s"' % (k, self.ps_tasks[k],
+                                           reason.decode()))
         if self.paused:
             return
-        if beat is not None and beat[1] != self.last_departures.sum():
+        if departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
-            self._check_global_step()
+            step = self._run(self.sv.global_step, self.sess)
+            if step is not None:
+                self.on_step(step)
 
     def stop_loop(self):
         try:
@@ -201,6 +245,10 @@ class Watchdog(tf.train.LooperThread):
         self.sess.close()
         self._run(self.done_op)
 
+    def say_left(self):
+        """Marks this worker as gone on purpose, on every ps task."""
+        self._run(self.left_op)
+
     def _someone_departed(self):
         departures = self._run(self.departures)
         if departures is None:
@@ -217,26 +265,16 @@ class Watchdog(tf.train.LooperThread):
                       % (FLAGS.task_index, self._task(i)), flush=True)
         self.last_departures = departures
 
-    def _check_global_step(self):
-        step = self._run(self.sv.global_step, self.sess)
-        if self.last_move is None or step != self.last_step:
-            self.last_step, self.last_move = step, time.time()
-        elif time.time() - self.last_move > FLAGS.stall_timeout:
-            cluster_utils.die(
-                'error: training stalled: no new global step for %g s; '
-                'missing: %s' % (FLAGS.stall_timeout, ', '.join(
-                    map(self._task, self._silent())) or 'none'))
-
-    def _silent(self):
+    def silent_workers(self):
         """The other workers whose counters do not move over a second, not
-        counting those done."""
+        counting those that ended."""
         before = self._run(self.beats)
         time.sleep(1)
         after = self._run(self.beats)
         if before is None or after is None:
             return []
-        return [i for i in np.flatnonzero((before == after) & (after != -1))
-                if i != FLAGS.task_index]
+        return [self._task(i) for i in np.flatnonzero(
+            (before == after) & (after >= 0)) if i != FLAGS.task_index]
 
     def _is_gone(self):
         return self.on_worker_gone is not None and self._call(
@@ -258,24 +296,34 @@ class Watchdog(tf.train.LooperThread):
 
 def serve_until_workers_gone(server, cluster):
     """The ps side of the end of a run: serve until every worker has come up
-    and is done, or silent for LEAVE_SECS.
+    and ended, or is silent for --worker_timeout.
 
     Instead of server.join(), which never returns. It reads the counters
     where they lie, on this ps, with no RPC, and ps 0 counts departures for
     the workers to read. A worker that never beats ends the ps after
-    --startup_timeout.
+    --startup_timeout; a ps that ends on purpose tells the workers why.
     """
     workers = cluster.job_tasks('worker')
     me = '/job:ps/task:%d' % FLAGS.task_index
     with tf.Graph().as_default():
-        [beats], [departures] = counters(len(workers), [FLAGS.task_index])
+        [beats], [departures], [farewell] = counters(len(workers),
+                                                     [FLAGS.task_index])
         gone_now = tf.placeholder(tf.int64, [None])
         depart = tf.scatter_add(departures, gone_now,
                                 tf.ones_like(gone_now))
+        reason = tf.placeholder(tf.string, [])
+        say = farewell.assign(reason)
         sess = tf.Session(server.target, config=tf.ConfigProto(
             device_filters=[me]))
-        sess.run(tf.variables_initializer([beats, departures]))
-    deadline = time.time() + FLAGS.startup_timeout
+        sess.run(tf.variables_initializer([beats, departures, farewell]))
+
+    def tell_workers(why):
+        """Until every worker has read why and left, or is silent."""
+        sess.run(say, {reason: why})
+        _wait_for_farewells(sess, beats)
+    cluster_utils.before_leaving(tell_workers)
+
+    deadline = time.time() + FLAGS.startup_timeout + STARTUP_GRACE_SECS
     last = np.zeros(len(workers), np.int64)
     heard = np.full(len(workers), np.nan)  # when each counter last moved
     gone = np.zeros(len(workers), bool)
@@ -289,13 +337,28 @@ def serve_until_workers_gone(server, cluster):
         polled = now
         moved = values != last
         heard[moved], gone[moved], last = now, False, values
-        done = values == -1
+        ended = values < 0
         silent = now - heard  # nan: never heard
-        newly_gone = ~done & ~gone & (silent > GONE_SECS)
+        newly_gone = ~gone & ((values == LEFT) |
+                              (~ended & (silent > GONE_SECS)))
         if newly_gone.any():
             gone |= newly_gone
             sess.run(depart, {gone_now: np.flatnonzero(newly_gone)})
-        if np.all(done | (silent > LEAVE_SECS)):
+        if np.all(ended | (silent > FLAGS.worker_timeout)):
             return
         fail_if_late('worker', workers, set(np.flatnonzero(np.isnan(heard))),
                      deadline)
+
+
+def _wait_for_farewells(sess, beats):
+    """Waits until every worker has ended or not beaten for a second, the
+    farewell read, or LAST_WORDS_SECS are nearly over."""
+    deadline = time.time() + cluster_utils.LAST_WORDS_SECS - 1
+    last, moved = sess.run(beats), time.time()
+    while time.time() < deadline:
+        time.sleep(0.1)
+        values = sess.run(beats)
+        if np.any((values != last) & (values >= 0)):
+            last, moved = values, time.time()
+        if np.all(values < 0) or time.time() - moved > 2 * Watchdog.POLL_SECS:
+            return

@@ -3,8 +3,10 @@
 A worker opens it once the ps tasks answer (liveness.wait_for_tasks): the
 chief initializes the model, restores it from the last checkpoint in
 --logdir, or joins it live on the ps; the others wait for it. A worker that
-loses a ps task probes its port again until it is back, within
---ps_timeout, and trains on in a new session opened the same way.
+loses a ps task calls it again until it answers, within --ps_timeout, and
+trains on in a new session opened the same way. Training that makes no step
+for --stall_timeout, or for --ps_timeout while a ps does not answer, ends
+the worker whatever it waits in (stall_watch.py).
 """
 
 import contextlib
@@ -15,6 +17,7 @@ import tensorflow.compat.v1 as tf
 
 import cluster_utils
 import liveness
+import stall_watch
 from cluster_utils import FLAGS
 
 
@@ -53,6 +56,10 @@ class RecoverableSession:
         self.sv, self.server, self.cluster = sv, server, cluster
         self.on_worker_gone, self.on_ps_lost = on_worker_gone, on_ps_lost
         self.starts = []
+        self.watchdog = self.stall = None
+        # Ending on purpose, this worker tells the ps tasks it left.
+        cluster_utils.before_leaving(
+            lambda _: self.watchdog and self.watchdog.say_left())
         liveness.wait_for_tasks(cluster, 'ps')
         with cluster_utils.exit_if_cluster_lost(cluster), \
                 self._ending_if_ps_away(FLAGS.startup_timeout):
@@ -77,16 +84,18 @@ class RecoverableSession:
         such as the sync chief's wait for gradients that no worker will send
         any more, and marks this worker done; only then can they be joined.
         """
-        if self.sv.save_path:  # the chief, with a --logdir: a last one
-            cluster_utils.save_checkpoint(self.sv, self.session)
-        self.watchdog.paused = True  # no training run left to free
-        self.sv.request_stop()
-        self.sv.stop(close_summary_writer=False)
-        if self.sv.summary_writer:
-            try:
-                self.sv.summary_writer.close()
-            except RuntimeError:  # its thread failed, and said so
-                pass
+        with self.stall.waiting_in('the end of the session'):
+            if self.sv.save_path:  # the chief, with a --logdir: a last one
+                cluster_utils.save_checkpoint(self.sv, self.session)
+            self.watchdog.paused = True  # no training run left to free
+            self.sv.request_stop()
+            self.sv.stop(close_summary_writer=False)
+            if self.sv.summary_writer:
+                try:
+                    self.sv.summary_writer.close()
+                except RuntimeError:  # its thread failed, and said so
+                    pass
+        self.stall.stop()
 
     def _recovering(self, call):
         while True:
@@ -119,7 +128,9 @@ class RecoverableSession:
             FLAGS.task_index, cluster_utils.lost_connection(
                 self.cluster, error, self._missing_ps()),
             FLAGS.ps_timeout), flush=True)
-        with self._ending_if_ps_away(FLAGS.ps_timeout, error):
+        with self._ending_if_ps_away(FLAGS.ps_timeout, error), \
+                self.stall.waiting_in('the wait for a lost ps',
+                                      watch_ps=False):
             while True:
                 missing = self._missing_ps()
                 if not missing:
@@ -134,9 +145,17 @@ class RecoverableSession:
                 time.sleep(0.5)
 
     def _missing_ps(self):
-        """The ps tasks that do not accept connections at their address."""
+        """The ps tasks that do not answer at their address."""
         return {i for i, address in enumerate(self.cluster.job_tasks('ps'))
-                if not liveness.is_listening(address)}
+                if not liveness.answers(address)}
+
+    def _silent_ps(self):
+        return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address('ps', i))
+                for i in sorted(self._missing_ps())]
+
+    def _on_step(self, step):
+        if self.stall:
+            self.stall.step(step)
 
     @contextlib.contextmanager
     def _ending_if_ps_away(self, secs, error=None):
@@ -190,7 +209,8 @@ class RecoverableSession:
         sv, server, cluster = self.sv, self.server, self.cluster
         with cluster_utils.exit_if_misplaced(cluster):
             self.watchdog = liveness.Watchdog(
-                sv, server, cluster, self.on_worker_gone, self.on_ps_lost)
+                sv, server, cluster, self.on_worker_gone, self.on_ps_lost,
+                self._on_step)
             if sv.is_chief and model_is_live(sv, server, cluster):
                 sess = sv.session_manager.prepare_session(
                     server.target,
@@ -205,6 +225,10 @@ class RecoverableSession:
                     args=(sv, sess))
         self.watchdog.watch_training(sess)
         self.session = sess
+        if self.stall is None:  # from the first training session on
+            self.stall = stall_watch.StallWatch(
+                FLAGS.stall_timeout, FLAGS.ps_timeout, self._silent_ps,
+                lambda: self.watchdog.silent_workers())
 
 
 def model_is_live(sv, server, cluster):

@@ -208,13 +208,14 @@ class Processes:
         proc.err.seek(0)
         return proc.err.read()
 
-    def wait_for_output(self, proc, pattern, timeout):
-        """Waits until proc's output matches pattern; returns the match."""
+    def wait_for_output(self, proc, pattern, timeout, count=1):
+        """Waits until proc's output matches pattern `count` times; returns
+        the last match."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            match = re.search(pattern, self.output(proc), re.M)
-            if match:
-                return match
+            matches = list(re.finditer(pattern, self.output(proc), re.M))
+            if len(matches) >= count:
+                return matches[count - 1]
             if proc.poll() is not None:
                 break
             time.sleep(0.2)

@@ -88,3 +88,18 @@ def test_lost_connection(missing, line):
     cluster = tf.train.ClusterSpec({'ps': ['a:1', 'b:2'], 'worker': ['c:3']})
     error = tf.errors.UnavailableError(None, None, LOST_PS_1)
     assert cluster_utils.lost_connection(cluster, error, missing) == line
+
+
+def test_lost_connection_never_names_the_task_that_prints_it(monkeypatch):
+    # A sync worker's run that its own server failed, the ps frozen.
+    cluster = tf.train.ClusterSpec({'ps': ['a:1'], 'worker': ['c:3', 'd:4']})
+    error = tf.errors.UnavailableError(None, None, (
+        'Additional GRPC error information from remote target '
+        '/job:worker/replica:0/task:1 while calling /tensorflow.'
+        'WorkerService/RunGraph: Deadline Exceeded'))
+    monkeypatch.setattr(cluster_utils.FLAGS['job_name'], 'value', 'worker')
+    monkeypatch.setattr(cluster_utils.FLAGS['task_index'], 'value', 1)
+    assert cluster_utils.lost_connection(cluster, error) == (
+        'lost the connection to a ps task (a:1)')
+    assert cluster_utils.lost_connection(cluster, error, {0}) == (
+        'lost the connection to /job:ps/task:0 (a:1)')

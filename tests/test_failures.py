@@ -10,12 +10,15 @@ import time
 
 import pytest
 
-from conftest import final_accuracies, left_running, listening, own_lines
+from conftest import (REPO, final_accuracies, left_running, listening,
+                      own_lines)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
-# Long enough to be killed mid-run: 10 steps an epoch on the small data.
-LONG_RUN = ['--epochs=300', '--print_every_epochs=1', '--validation_size=100']
+# Long enough to be killed mid-run: 10 steps an epoch on the small data. A
+# ps waits 15 s for the workers killed here, not --worker_timeout's 120.
+LONG_RUN = ['--epochs=300', '--print_every_epochs=1', '--validation_size=100',
+            '--worker_timeout=15']
 SHORT_RUN = ['--epochs=2', '--validation_size=100']
 
 
@@ -236,6 +239,25 @@ def test_data_errors(procs, free_ports, small_data, tmp_path, damage, flags,
     assert_one_error_line(procs, worker, 1, *words)
 
 
+def test_tilde_is_the_home_directory(procs, free_ports, small_data,
+                                     tmp_path):
+    # As a shell would, had it not been after '='. The data is read, and
+    # the chief waits for the ps that is not there.
+    home = tmp_path / 'home'
+    shutil.copytree(small_data, str(home / 'data'))
+    ports = free_ports(2)
+    chief = procs.start(
+        [sys.executable, 'mnist_dist_async.py', '--job_name=worker',
+         '--ps=localhost:%d' % ports[0], '--worker=localhost:%d' % ports[1],
+         '--data_dir=~/data', '--logdir=~/logdir', '--startup_timeout=3',
+         '--validation_size=100'], 'chief', env={'HOME': str(home)})
+    procs.wait_all([chief], 60)
+    assert_one_error_line(procs, chief, 1, '/job:ps/task:0',
+                          'did not come up within 3 s')
+    assert (home / 'logdir').is_dir()
+    assert not os.path.exists(os.path.join(REPO, '~'))
+
+
 def assert_interrupted(procs, proc, status, task):
     output = assert_clean_exit(procs, proc, status)
     assert own_lines(procs.stderr(proc)) == [task + ': interrupted'], output
@@ -372,5 +394,84 @@ def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
     assert int(started.group(1)) > 0
     procs.wait_all(workers[:2] + [again, ps], 120)
     for i, worker in enumerate(workers[:2] + [again]):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert_clean_exit(procs, ps, 0)
+
+
+# A frozen ps accepts connections and answers nothing: only a call with a
+# deadline tells it from a live one. Each worker's line names the ps, never
+# the worker itself, which a failed call's error may name.
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_frozen_ps_ends_every_worker_naming_it(procs, free_ports, small_data,
+                                               script):
+    ps, workers = procs.cluster(script, free_ports, '--data_dir=' + small_data,
+                                '--stall_timeout=10', *LONG_RUN)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
+    os.kill(ps.pid, signal.SIGSTOP)
+    procs.wait_all(workers, 10 + 30)
+    port = int(ps.args[4].rsplit(':', 1)[1])
+    for i, worker in enumerate(workers):
+        assert_one_error_line(
+            procs, worker, 1, 'training stalled: no new global step for 10 s',
+            '/job:ps/task:0 (localhost:%d) does not answer' % port)
+        assert 'lost the connection to /job:worker/task:%d ' % i \
+            not in procs.output(worker)
+    os.kill(ps.pid, signal.SIGCONT)
+
+
+def test_ctrl_c_on_the_ps_ends_every_worker_with_its_reason(
+        procs, free_ports, small_data):
+    ps, workers = procs.cluster('async', free_ports,
+                                '--data_dir=' + small_data, *LONG_RUN)
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
+    os.killpg(ps.pid, signal.SIGINT)
+    procs.wait_all([ps] + workers, 10)
+    assert_interrupted(procs, ps, 130, '/job:ps/task:0')
+    port = int(ps.args[4].rsplit(':', 1)[1])
+    for i, worker in enumerate(workers):
+        assert_one_error_line(
+            procs, worker, 1, 'lost the connection to /job:ps/task:0 '
+            '(localhost:%d), which ended: "interrupted"' % port)
+
+
+# The ps gives up on a worker that never came, and tells the others: a run
+# with fewer workers than asked for is a mistake of the cluster's, which
+# async and sync answer alike.
+def test_worker_that_never_came_ends_every_task(procs, free_ports,
+                                                small_data):
+    ports = free_ports(4)
+    flags = ['--data_dir=' + small_data, '--startup_timeout=10'] + LONG_RUN
+    tasks = [procs.script('sync', 'ps', 0, ports[:1], ports[1:], *flags)] + [
+        procs.script('sync', 'worker', i, ports[:1], ports[1:], *flags)
+        for i in (0, 1)]
+    started = time.time()
+    procs.wait_all(tasks, 10 + 10 + 15)  # its imports, on 2 cores, too
+    missing = '/job:worker/task:2 (localhost:%d) did not come up within 10 s' \
+        % ports[3]
+    assert_one_error_line(procs, tasks[0], 1, missing)
+    for worker in tasks[1:]:
+        assert_one_error_line(procs, worker, 1, 'which ended: "%s"' % missing)
+    assert time.time() - started < 10 + 10 + 15
+
+
+def test_ps_waits_for_workers_that_fell_silent(procs, free_ports, small_data):
+    # Every worker silent longer than a notice of a worker gone, as behind
+    # a cut network: the ps waits, and the run completes once they are back.
+    ps, workers = procs.cluster('async', free_ports,
+                                '--data_dir=' + small_data,
+                                '--step_delay_ms=10', *LONG_RUN[1:],
+                                '--epochs=60', '--worker_timeout=60')
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d,epoch=2,' % i, 60)
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGSTOP)
+    time.sleep(17)  # past the 15 s after which a ps once left
+    assert ps.poll() is None
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGCONT)
+    procs.wait_all(workers + [ps], 120)
+    for i, worker in enumerate(workers):
         assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
     assert_clean_exit(procs, ps, 0)

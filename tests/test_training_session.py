@@ -29,12 +29,13 @@ RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
 
 # Sync with 2 ps: the one killed holds a variable, the other the token
 # queue, on which the chief's training step may wait while its update loop
-# stops on the lost one.
-@pytest.mark.parametrize('script, num_ps', [('async', 1), ('sync', 1),
-                                            ('sync', 2)])
+# stops on the lost one. Async twice: a worker once hung after the second.
+@pytest.mark.parametrize('script, num_ps, restarts', [
+    ('async', 1, 2), ('sync', 1, 1), ('sync', 2, 1)])
 def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                                                       small_data, tmp_path,
-                                                      script, num_ps):
+                                                      script, num_ps,
+                                                      restarts):
     logdir = tmp_path / 'logdir'
     flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
              '--save_checkpoint_secs=1'] + LONG_RUN
@@ -42,25 +43,29 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
     ps, workers = procs.cluster(script, lambda n: ports, *flags,
                                 num_ps=num_ps)
     ps = ps if num_ps > 1 else [ps]
-    for i, worker in enumerate(workers):
-        procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
-    assert glob.glob(str(logdir / 'model.ckpt-*.index'))
     lost = num_ps - 1
-    os.kill(ps[lost].pid, signal.SIGKILL)
-    ps[lost].wait()
-    for i, worker in enumerate(workers):
-        procs.wait_for_output(
-            worker, r'^worker=%d: lost the connection to /job:ps/task:%d '
-                    r'\(localhost:%d\); waiting up to 120 s for it$'
-                    % (i, lost, ports[lost]), 30)
-    ps[lost] = procs.script(script, 'ps', lost, ports[:num_ps],
-                            ports[num_ps:], *flags)
-    restored = int(procs.wait_for_output(workers[0], RESTORED, 60).group(1))
-    assert restored > 0
-    for i, worker in enumerate(workers):
-        resumed = procs.wait_for_output(
-            worker, r'^worker=%d: resuming at global_step=(\d+)$' % i, 60)
-        assert int(resumed.group(1)) >= restored
+    for restart in range(1, restarts + 1):
+        for i, worker in enumerate(workers):
+            procs.wait_for_output(worker, r'^worker=%d,epoch=%d,'
+                                  % (i, 10 * restart - 5), 60)
+        assert glob.glob(str(logdir / 'model.ckpt-*.index'))
+        os.kill(ps[lost].pid, signal.SIGKILL)
+        ps[lost].wait()
+        for i, worker in enumerate(workers):
+            procs.wait_for_output(
+                worker, r'^worker=%d: lost the connection to /job:ps/task:%d '
+                        r'\(localhost:%d\); waiting up to 120 s for it$'
+                        % (i, lost, ports[lost]), 30, count=restart)
+        ps[lost] = procs.script(script, 'ps', lost, ports[:num_ps],
+                                ports[num_ps:], *flags)
+        restored = int(procs.wait_for_output(workers[0], RESTORED, 60,
+                                             count=restart).group(1))
+        assert restored > 0
+        for i, worker in enumerate(workers):
+            resumed = procs.wait_for_output(
+                worker, r'^worker=%d: resuming at global_step=(\d+)$' % i, 60,
+                count=restart)
+            assert int(resumed.group(1)) >= restored
     procs.wait_all(workers + ps, 300)
     for i, worker in enumerate(workers):
         output = assert_clean_exit(procs, worker, 0)

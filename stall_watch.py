@@ -1,0 +1,97 @@
+"""The stall watch: a worker whose training makes no step ends, whatever it
+waits in, with one line saying where it waited and why.
+
+A thread of plain Python that never runs TensorFlow itself: a session run,
+even one with a timeout, can block for good on a frozen ps, and so can
+opening or closing a session, and the threads that would notice.
+"""
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+
+import cluster_utils
+
+
+class StallWatch:
+    """Ends this worker once the global step it is told of has not moved:
+    for `ps_secs` if a ps task does not answer then, for `secs` whatever the
+    cause.
+
+    silent_ps() names the ps tasks that do not answer, silent_workers() the
+    workers that do not beat; each may run TensorFlow, and is given a few
+    seconds at most.
+    """
+
+    POLL_SECS = 1
+    # How often a ps is called while steps stand still but it may answer.
+    PROBE_SECS = 5
+    CALL_SECS = 5
+
+    def __init__(self, secs, ps_secs, silent_ps, silent_workers):
+        self.secs, self.ps_secs = secs, ps_secs
+        self.silent_ps, self.silent_workers = silent_ps, silent_workers
+        self._lock = threading.Lock()
+        self._step, self._moved = None, time.time()
+        self._where = [('a training run', True)]
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def step(self, value):
+        """The global step as a thread of this worker just read it."""
+        with self._lock:
+            if value != self._step:
+                self._step, self._moved = value, time.time()
+
+    @contextlib.contextmanager
+    def waiting_in(self, where, watch_ps=True):
+        """Says where the main thread waits, until the block is done;
+        without watch_ps, a lost ps is the wait's own to time out."""
+        with self._lock:
+            self._where.append((where, watch_ps))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._where.pop()
+
+    def stop(self):
+        self._stopped.set()
+
+    def _watch(self):
+        probed = 0
+        while not self._stopped.wait(self.POLL_SECS):
+            with self._lock:
+                idle = time.time() - self._moved
+                where, watch_ps = self._where[-1]
+            if idle > self.secs or (
+                    watch_ps and idle > self.ps_secs
+                    and time.time() - probed > self.PROBE_SECS):
+                probed = time.time()
+                missing = self._call(self.silent_ps, [])
+                if missing:
+                    self._end(self.secs if idle > self.secs else self.ps_secs,
+                              where, ', '.join(task + ' does not answer'
+                                               for task in missing))
+                if idle > self.secs:
+                    self._end(self.secs, where, 'missing: ' + (', '.join(
+                        self._call(self.silent_workers, ['unknown']))
+                        or 'none'))
+
+    def _call(self, function, otherwise):
+        """function(), or otherwise if it takes more than CALL_SECS: it may
+        meet a frozen ps too."""
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            return pool.submit(function).result(self.CALL_SECS)
+        except concurrent.futures.TimeoutError:
+            return otherwise
+        finally:
+            pool.shutdown(wait=False)
+
+    def _end(self, secs, where, why):
+        if not self._stopped.is_set():
+            cluster_utils.die('error: training stalled: no new global step '
+                              'for %g s, waiting in %s; %s'
+                              % (secs, where, why))
