@@ -120,3 +120,22 @@ def test_broken_connections_cost_no_worker(procs, free_ports, small_data,
             if i == 0:
                 assert 'joined the live model' in output
     assert_clean_exit(procs, ps, 0)
+
+
+def test_error_messages_parse_in_linear_time():
+    from tensorflow.python.framework import error_interpolation
+    import training_session
+    original = error_interpolation.parse_message
+    messages = ['', 'no tag', 'a {{node x/y}} b {{function_node f}} c',
+                '{{node a}}{{function_node b}}{{node c-1.2}} {{bad tag',
+                '{{node a b}} {{colocation_node n}}']
+    expected = [original(m) for m in messages]
+    try:
+        training_session.parse_errors_in_linear_time()
+        parse = error_interpolation.parse_message
+        assert [parse(m) for m in messages] == expected
+        started = time.time()
+        parse('x' * 1000000 + ' {{node n}}')
+        assert time.time() - started < 5  # the original: hours
+    finally:
+        error_interpolation.parse_message = original
