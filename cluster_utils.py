@@ -177,8 +177,9 @@ def die(message, status=1, on_purpose=True):
     os._exit(status)
 
 
-# Callables that tell the other tasks why this one ends on purpose: set up
-# once by liveness.py, called by the thread that ends the task.
+# Callables that tell the other tasks why this one ends on purpose: a ps's
+# (liveness.py) or a worker's (training_session.py), called by the thread
+# that ends the task.
 _last_words = []
 # How long the last words may take: a ps gives the workers time to read them.
 LAST_WORDS_SECS = 6
@@ -469,22 +470,21 @@ def exit_if_cluster_lost(cluster):
 
 def lost_connection(cluster, error, missing=()):
     """'lost the connection to' a ps task of `missing` (found not
-    listening), else to the task that a call in the error failed to reach,
-    else to another task it names, else to the ps tasks."""
+    answering), else to the task that a call in the error failed to reach,
+    else to another task it names, never this one, else to the ps tasks."""
     # The tasks named first may only have passed the error on: with 2 ps, a
     # live ps whose part of the step failed on the lost one.
     # Nor is this task lost: a call that this task's own server failed
     # (the ps behind it frozen) names it as the remote target.
     me = (FLAGS['job_name'].value, FLAGS['task_index'].value)
-    message = error.message if error else ''
-    lost = [('ps', i) for i in sorted(missing)] or [
-        (job, int(i)) for job, i in re.findall(
-            r'remote target /job:(\w+)/replica:\d+/task:(\d+)', message)
-        if (job, int(i)) != me]
-    if not lost:  # older TF, 1.15 among them, names no remote target
-        lost = [(job, int(i)) for job, i in re.findall(
-            r'/job:(\w+)/replica:\d+/task:(\d+)', message)
-            if (job, int(i)) != me]
+
+    def named(prefix):
+        return [(job, int(i)) for job, i in re.findall(
+            prefix + r'/job:(\w+)/replica:\d+/task:(\d+)',
+            error.message if error else '') if (job, int(i)) != me]
+    # Older TF, 1.15 among them, names no remote target.
+    lost = ([('ps', i) for i in sorted(missing)] or named('remote target ')
+            or named(''))
     if not lost:
         return 'lost the connection to a ps task (%s)' % ','.join(
             cluster.job_tasks('ps'))
