@@ -142,6 +142,7 @@ def usage_error(message):
 def fail(message):
     """Ends this task with a one-line error and exit status 1, once it has
     told the cluster why."""
+    _end_once()
     print('%s: error: %s' % (task_name(), message), file=sys.stderr,
           flush=True)
     say_last_words(str(message))
@@ -167,6 +168,7 @@ def die(message, status=1, on_purpose=True):
     thread is inside, can block for good, and so can the interpreter's own
     clean-up.
     """
+    _end_once()
     try:
         print('%s: %s' % (task_name(), message), file=sys.stderr, flush=True)
     except OSError:  # nobody reads stderr any more
@@ -175,6 +177,17 @@ def die(message, status=1, on_purpose=True):
         say_last_words(message[len('error: '):] if message.startswith(
             'error: ') else message)
     os._exit(status)
+
+
+# Taken by the first thread that ends this task. A second one waits for
+# it: Ctrl-C while a ps tells an error of its own, or its last worker leaving
+# while it tells why it ends, must not change the line or the exit status.
+_ending = threading.Lock()
+
+
+def _end_once():
+    if not _ending.acquire(blocking=False):
+        threading.Event().wait()
 
 
 # Callables that tell the other tasks why this one ends on purpose: a ps's
@@ -612,6 +625,7 @@ def leave():
     TensorFlow cannot stop its gRPC server, and tearing the interpreter down
     around it takes a second or more for nothing.
     """
+    _end_once()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
