@@ -240,7 +240,7 @@ def parse_errors_in_linear_time():
     the message's length (40,000 characters: 15 s), holding the GIL: a
     worker whose run failed after a ps restart hung for good in it, and no
     thread of its own could end it. The same parse, one tag at a time.
-    TensorFlow 1.15's parse is linear, and left alone."""
+    A TensorFlow whose module differs (1.15's) is left alone."""
     tag_pattern = re.compile(getattr(error_interpolation, '_TAG_REGEX', ''))
     if {'type', 'name'} - set(tag_pattern.groupindex) or not hasattr(
             error_interpolation, '_ParseTag'):
