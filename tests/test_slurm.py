@@ -46,6 +46,9 @@ SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd-%n.log
 MailProg=/bin/true
 ReturnToService=2
+# sbatch --wait polls a job every 2 s, 8 s, then 32 s, unless MinJobAge is
+# small: 0 (job records are never purged) keeps it at 2 s.
+MinJobAge=0
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
