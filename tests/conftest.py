@@ -173,24 +173,27 @@ class Processes:
         self.running.append(proc)
         return proc
 
-    def script(self, script, job, index, ps, workers, *flags):
-        """Starts one task of mnist_dist_{script}.py."""
+    def script(self, script, job, index, ps, workers, *flags, name=''):
+        """Starts one task of mnist_dist_{script}.py; its output files are
+        named after the task, behind `name` (to tell clusters apart)."""
         return self.start(
             [sys.executable, 'mnist_dist_%s.py' % script,
              '--job_name=%s' % job, '--task_index=%d' % index,
              '--ps=%s' % ','.join('localhost:%d' % p for p in ps),
              '--worker=%s' % ','.join('localhost:%d' % p for p in workers)]
-            + list(flags), '%s%d' % (job, index))
+            + list(flags), '%s%s%d' % (name, job, index))
 
-    def cluster(self, script, free_ports, *flags, num_workers=3, num_ps=1):
+    def cluster(self, script, free_ports, *flags, num_workers=3, num_ps=1,
+                name=''):
         """num_ps ps + num_workers workers; returns (ps, workers), or
-        (list of ps, workers) with more than one ps."""
+        (list of ps, workers) with more than one ps. Several clusters run
+        side by side where each has its own name."""
         ports = free_ports(num_ps + num_workers)
         ps_ports, worker_ports = ports[:num_ps], ports[num_ps:]
-        ps = [self.script(script, 'ps', i, ps_ports, worker_ports, *flags)
-              for i in range(num_ps)]
+        ps = [self.script(script, 'ps', i, ps_ports, worker_ports, *flags,
+                          name=name) for i in range(num_ps)]
         workers = [self.script(script, 'worker', i, ps_ports, worker_ports,
-                               *flags) for i in range(num_workers)]
+                               *flags, name=name) for i in range(num_workers)]
         return (ps[0] if num_ps == 1 else ps), workers
 
     @staticmethod
