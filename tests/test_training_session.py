@@ -1,6 +1,7 @@
 """A ps task that goes away and comes back: killed and started again on
-its port, stopped and continued, or with its connections broken. Each costs
-no worker its run. A ps that does not come back is in test_failures.py.
+its port, stopped and continued, or with its connections broken; and every
+worker stopped and continued. Each costs no worker its run. A task that does
+not come back is in test_failures.py.
 """
 
 import glob
@@ -27,99 +28,135 @@ FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
 RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
 
 
-# Sync with 2 ps: the one killed holds a variable, the other the token
-# queue, on which the chief's training step may wait while its update loop
-# stops on the lost one. Async twice: a worker once hung after the second.
-@pytest.mark.parametrize('script, num_ps, restarts', [
-    ('async', 1, 2), ('sync', 1, 1), ('sync', 2, 1)])
+# Side by side: async, its ps restarted twice (a worker once hung after the
+# second); sync, once; sync with 2 ps, once: the one killed holds a
+# variable, the other the token queue, on which the chief's training step
+# may wait while its update loop stops on the lost one.
 def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
-                                                      small_data, tmp_path,
-                                                      script, num_ps,
-                                                      restarts):
-    logdir = tmp_path / 'logdir'
-    flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
-             '--save_checkpoint_secs=1'] + LONG_RUN
-    ports = free_ports(num_ps + 3)
-    ps, workers = procs.cluster(script, lambda n: ports, *flags,
-                                num_ps=num_ps)
-    ps = ps if num_ps > 1 else [ps]
-    lost = num_ps - 1
-    for restart in range(1, restarts + 1):
-        for i, worker in enumerate(workers):
-            procs.wait_for_output(worker, r'^worker=%d,epoch=%d,'
-                                  % (i, 10 * restart - 5), 60)
-        assert glob.glob(str(logdir / 'model.ckpt-*.index'))
-        os.kill(ps[lost].pid, signal.SIGKILL)
-        ps[lost].wait()
-        for i, worker in enumerate(workers):
-            procs.wait_for_output(
-                worker, r'^worker=%d: lost the connection to /job:ps/task:%d '
-                        r'\(localhost:%d\); waiting up to 120 s for it$'
-                        % (i, lost, ports[lost]), 30, count=restart)
-        ps[lost] = procs.script(script, 'ps', lost, ports[:num_ps],
-                                ports[num_ps:], *flags)
-        restored = int(procs.wait_for_output(workers[0], RESTORED, 60,
-                                             count=restart).group(1))
-        assert restored > 0
-        for i, worker in enumerate(workers):
-            resumed = procs.wait_for_output(
-                worker, r'^worker=%d: resuming at global_step=(\d+)$' % i, 60,
-                count=restart)
-            assert int(resumed.group(1)) >= restored
-    procs.wait_all(workers + ps, 300)
-    for i, worker in enumerate(workers):
-        output = assert_clean_exit(procs, worker, 0)
-        assert i in final_accuracies(output)
-        [(_, final_step)] = FINAL_STEP.findall(output)
-        assert int(final_step) > restored
-    for proc in ps:
-        assert_clean_exit(procs, proc, 0)
+                                                      small_data, tmp_path):
+    runs = []
+    for script, num_ps, restarts in (('async', 1, 2), ('sync', 1, 1),
+                                     ('sync', 2, 1)):
+        name = '%s-%dps-' % (script, num_ps)
+        logdir = tmp_path / (name + 'logdir')
+        flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
+                 '--save_checkpoint_secs=1'] + LONG_RUN
+        ports = free_ports(num_ps + 3)
+        ps, workers = procs.cluster(script, lambda n: ports, *flags,
+                                    num_ps=num_ps, name=name)
+        runs.append(dict(script=script, num_ps=num_ps, restarts=restarts,
+                         name=name, logdir=logdir, flags=flags, ports=ports,
+                         ps=ps if num_ps > 1 else [ps], workers=workers,
+                         lost=num_ps - 1))
+    for restart in (1, 2):
+        due = [run for run in runs if run['restarts'] >= restart]
+        for run in due:
+            for i, worker in enumerate(run['workers']):
+                procs.wait_for_output(worker, r'^worker=%d,epoch=%d,'
+                                      % (i, 10 * restart - 5), 60)
+            assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
+            os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
+        for run in due:
+            lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
+            run['ps'][lost].wait()
+            for i, worker in enumerate(run['workers']):
+                procs.wait_for_output(
+                    worker, r'^worker=%d: lost the connection to '
+                            r'/job:ps/task:%d \(localhost:%d\); waiting up to '
+                            r'120 s for it$' % (i, lost, ports[lost]), 30,
+                    count=restart)
+            run['ps'][lost] = procs.script(
+                run['script'], 'ps', lost, ports[:num_ps], ports[num_ps:],
+                *run['flags'], name=run['name'])
+        for run in due:
+            run['restored'] = int(procs.wait_for_output(
+                run['workers'][0], RESTORED, 60, count=restart).group(1))
+            assert run['restored'] > 0
+            for i, worker in enumerate(run['workers']):
+                resumed = procs.wait_for_output(
+                    worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
+                    60, count=restart)
+                assert int(resumed.group(1)) >= run['restored']
+    procs.wait_all([p for run in runs for p in run['workers'] + run['ps']],
+                   300)
+    for run in runs:
+        for i, worker in enumerate(run['workers']):
+            output = assert_clean_exit(procs, worker, 0)
+            assert i in final_accuracies(output)
+            [(_, final_step)] = FINAL_STEP.findall(output)
+            assert int(final_step) > run['restored']
+        for proc in run['ps']:
+            assert_clean_exit(procs, proc, 0)
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_frozen_ps_costs_no_worker(procs, free_ports, small_data, script):
-    ps, workers = procs.cluster(script, free_ports, '--data_dir=' + small_data,
-                                *LONG_RUN)
-    for i, worker in enumerate(workers):
-        procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
-    os.kill(ps.pid, signal.SIGSTOP)
+# A pause that ends costs no run, side by side: the ps stopped (SIGSTOP)
+# for 20 s, async and sync; and every worker of an async run, as behind a
+# cut network, for longer than a notice of a worker gone and than the 15 s
+# after which a ps once left: its ps waits (--worker_timeout).
+def test_a_pause_costs_no_worker_its_run(procs, free_ports, small_data):
+    runs = {script: procs.cluster(script, free_ports,
+                                  '--data_dir=' + small_data, *LONG_RUN,
+                                  name=script + '-ps-paused-')
+            for script in ('async', 'sync')}
+    silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
+                           *LONG_RUN[1:], '--epochs=60',
+                           '--worker_timeout=60', name='workers-paused-')
+    for (ps, workers), epoch in [(run, 5) for run in runs.values()] + [
+            (silent, 2)]:
+        for i, worker in enumerate(workers):
+            procs.wait_for_output(worker, r'^worker=%d,epoch=%d,' % (i, epoch),
+                                  60)
+    paused = [ps for ps, _ in runs.values()] + silent[1]
+    for proc in paused:
+        os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(20)
-    os.kill(ps.pid, signal.SIGCONT)
-    procs.wait_all(workers + [ps], 300)
-    for i, worker in enumerate(workers):
-        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
-    assert_clean_exit(procs, ps, 0)
+    assert silent[0].poll() is None
+    for proc in paused:
+        os.kill(proc.pid, signal.SIGCONT)
+    everything = list(runs.values()) + [silent]
+    procs.wait_all([p for ps, workers in everything for p in workers + [ps]],
+                   300)
+    for ps, workers in everything:
+        for i, worker in enumerate(workers):
+            assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+        assert_clean_exit(procs, ps, 0)
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_broken_connections_cost_no_worker(procs, free_ports, small_data,
-                                           script):
+def test_broken_connections_cost_no_worker(procs, free_ports, small_data):
     # The kernel closes the workers' connections to a ps that stays up, as
     # a busy network may: `ss -K` (root) destroys the sockets. Async steps
     # are short, and gRPC may connect again before one fails; sync workers
-    # wait on the ps for tokens, and each recovers.
+    # wait on the ps for tokens, and each recovers. Side by side.
     if os.geteuid() != 0 or not shutil.which('ss'):
         pytest.skip('ss -K needs root and iproute2')
-    ports = free_ports(4)
-    ps, workers = procs.cluster(script, lambda n: ports,
-                                '--data_dir=' + small_data, *LONG_RUN)
-    for i, worker in enumerate(workers):
-        procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
-    killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % ports[0]],
-                            check=True, capture_output=True, text=True,
-                            timeout=10).stdout
-    assert ':%d ' % ports[0] in killed  # one socket at least
-    procs.wait_all(workers + [ps], 300)
-    for i, worker in enumerate(workers):
-        output = assert_clean_exit(procs, worker, 0)
-        assert i in final_accuracies(output)
-        # Whoever lost the connection found the live model, not a new one.
-        assert 'again' not in output and 'restored' not in output
-        if 'lost the connection' in output:
-            assert 'resuming at' in output
-            if i == 0:
-                assert 'joined the live model' in output
-    assert_clean_exit(procs, ps, 0)
+    runs = {}
+    for script in ('async', 'sync'):
+        ports = free_ports(4)
+        runs[script] = ports, procs.cluster(script, lambda n: ports,
+                                            '--data_dir=' + small_data,
+                                            *LONG_RUN, name=script)
+    for ports, (ps, workers) in runs.values():
+        for i, worker in enumerate(workers):
+            procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
+    for ports, _ in runs.values():
+        killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % ports[0]],
+                                check=True, capture_output=True, text=True,
+                                timeout=10).stdout
+        assert ':%d ' % ports[0] in killed  # one socket at least
+    procs.wait_all([p for _, (ps, workers) in runs.values()
+                    for p in workers + [ps]], 300)
+    for ports, (ps, workers) in runs.values():
+        for i, worker in enumerate(workers):
+            output = assert_clean_exit(procs, worker, 0)
+            assert i in final_accuracies(output)
+            # Whoever lost the connection found the live model, not a new
+            # one.
+            assert 'again' not in output and 'restored' not in output
+            if 'lost the connection' in output:
+                assert 'resuming at' in output
+                if i == 0:
+                    assert 'joined the live model' in output
+        assert_clean_exit(procs, ps, 0)
 
 
 def test_error_messages_parse_in_linear_time():
