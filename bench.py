@@ -20,10 +20,10 @@ On the same data and flags it measures:
     variable from a ps, and so what a step costs in round trips;
   - seconds to --target_accuracy on the test set: one process, async, sync
     and the TF 2.x strategy.
-It repeats each cluster run --repeats times, reports medians, prints a
-progress line per run on stderr, then a markdown table with each cluster's
-ratio to one process and to the TF 2.x strategy at its best, and writes the
-figures as JSON to --json.
+It repeats each cluster run and import measurement --repeats times, reports
+medians, prints a progress line per run on stderr, then a markdown table with
+each cluster's ratio to one process and to the TF 2.x strategy at its best,
+and writes the figures as JSON to --json.
 """
 
 import json
@@ -53,8 +53,8 @@ from compare import ACCURACY, TIMING  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('workers', ['1', '2', '3'], 'Cluster sizes to measure.')
-flags.DEFINE_integer('repeats', 3, 'Runs of each cluster; medians reported.',
-                     lower_bound=1)
+flags.DEFINE_integer('repeats', 3, 'Runs of each cluster and of each import '
+                     'measurement; medians reported.', lower_bound=1)
 flags.DEFINE_integer('baseline_steps', 2000, 'Steps of the baseline.',
                      lower_bound=100)
 flags.DEFINE_integer('straggler_delay_ms', 10,
@@ -424,7 +424,7 @@ def main(_):
     for n in sizes:
         progress('import, %d processes at once' % n)
         results['import_seconds'][n] = statistics.median(
-            import_seconds(n) for _ in range(3))
+            import_seconds(n) for _ in range(FLAGS.repeats))
     progress('round-trip floor')
     results['floor'] = round_trip_floor()
     clusters = results['clusters']

@@ -1,5 +1,5 @@
-"""Where the cluster comes from (flags, TF_CONFIG, Slurm), several ps tasks,
-and --shard_data."""
+"""Where the cluster comes from (flags, TF_CONFIG, Slurm), and --shard_data.
+Several ps tasks are in test_liveness.py."""
 
 import json
 import re
@@ -22,29 +22,42 @@ def tf_config(ps, workers, job, index, **jobs):
                        'task': {'type': job, 'index': index}})
 
 
+def start_tasks(procs, script, envs, *flags, name='task'):
+    """One task per environment, no cluster flags."""
+    return [procs.start([sys.executable, 'mnist_dist_%s.py' % script]
+                        + list(flags), '%s%d' % (name, i), env=env)
+            for i, env in enumerate(envs)]
+
+
 def run_tasks(procs, script, envs, *flags, timeout=120):
     """One task per environment, no cluster flags; returns their outputs."""
-    tasks = [procs.start([sys.executable, 'mnist_dist_%s.py' % script]
-                         + list(flags), 'task%d' % i, env=env)
-             for i, env in enumerate(envs)]
+    tasks = start_tasks(procs, script, envs, *flags)
     procs.wait_all(tasks, timeout)
     return [assert_clean_exit(procs, task, 0) for task in tasks]
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_cluster_from_tf_config(procs, free_ports, small_data, script):
-    ports = free_ports(4)
+def test_cluster_from_tf_config(procs, free_ports, small_data):
+    # Both scripts side by side; the sync run with a backup worker.
     tasks = [('ps', 0)] + [('worker', i) for i in range(3)]
-    envs = [{'TF_CONFIG': tf_config(ports[:1], ports[1:], job, index)}
-            for job, index in tasks]
-    outputs = run_tasks(procs, script, envs, '--data_dir=' + small_data,
-                        *SMALL_RUN)
-    for output, (job, index) in zip(outputs, tasks):
-        assert re.search(r'^/job:%s/task:%d: cluster from TF_CONFIG: ps '
-                         r'localhost:%d, workers ' % (job, index, ports[0]),
-                         output, re.M), output
-        if job == 'worker':
-            assert final_accuracies(output)[index] > 0.9
+    runs = {}
+    for script, extra in (('async', []),
+                          ('sync', ['--replicas_to_aggregate=2'])):
+        ports = free_ports(4)
+        envs = [{'TF_CONFIG': tf_config(ports[:1], ports[1:], job, index)}
+                for job, index in tasks]
+        runs[script] = ports, start_tasks(
+            procs, script, envs, '--data_dir=' + small_data, *SMALL_RUN,
+            *extra, name=script)
+    procs.wait_all([p for _, started in runs.values() for p in started], 120)
+    for ports, started in runs.values():
+        for proc, (job, index) in zip(started, tasks):
+            output = assert_clean_exit(procs, proc, 0)
+            assert re.search(r'^/job:%s/task:%d: cluster from TF_CONFIG: ps '
+                             r'localhost:%d, workers ' % (job, index,
+                                                          ports[0]),
+                             output, re.M), output
+            if job == 'worker':
+                assert final_accuracies(output)[index] > 0.9
 
 
 def test_cluster_from_slurm(procs, free_port_run, small_data):
@@ -66,7 +79,7 @@ def test_cluster_from_slurm(procs, free_port_run, small_data):
         assert final_accuracies(outputs[rank])[rank - 1] > 0.9
 
 
-@pytest.mark.parametrize('env, flags, words', [
+SOURCE_ERRORS = [
     ({'TF_CONFIG': tf_config([9001], [9002], 'worker', 0)},
      ['--ps=localhost:9001'], ['both --ps/--worker and TF_CONFIG']),
     ({'TF_CONFIG': tf_config([9001], [9002, 9003], 'worker', 1)},
@@ -76,23 +89,17 @@ def test_cluster_from_slurm(procs, free_port_run, small_data):
      [], ['TF_CONFIG', 'needs jobs ps and worker']),
     ({'TF_CONFIG': '{"cluster": '}, [], ['TF_CONFIG']),
     ({}, [], ['--job_name is required']),
-])
-def test_cluster_source_errors(procs, env, flags, words):
-    proc = procs.start([sys.executable, 'mnist_dist_async.py'] + flags,
-                       'bad', env=env)
-    procs.wait_all([proc], 60)
-    assert_one_error_line(procs, proc, 2, *words)
+]
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_two_ps_tasks(procs, free_ports, small_data, script):
-    ps, workers = procs.cluster(script, free_ports, '--data_dir=' + small_data,
-                                *SMALL_RUN, num_ps=2)
-    procs.wait_all(workers + ps, 120)
-    for i, worker in enumerate(workers):
-        assert final_accuracies(assert_clean_exit(procs, worker, 0))[i] > 0.9
-    for task in ps:
-        assert_clean_exit(procs, task, 0)
+def test_cluster_source_errors(procs):
+    # A process for each, all at once.
+    bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + flags,
+                       'bad%d' % n, env=env)
+           for n, (env, flags, _) in enumerate(SOURCE_ERRORS)]
+    procs.wait_all(bad, 60)
+    for proc, (_, _, words) in zip(bad, SOURCE_ERRORS):
+        assert_one_error_line(procs, proc, 2, *words)
 
 
 def test_shard_data(procs, free_ports, small_data):

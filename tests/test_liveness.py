@@ -2,9 +2,9 @@
 
 Liveness rides on the ps tasks' channels, so the cost per worker does not
 grow with their number (bench_scale.py measures it); here the runs of 16
-workers and 1 or 2 ps tasks complete, every worker with its final accuracy,
-and every ps leaves. A ps that goes away is in test_training_session.py,
-the other faults in test_failures.py.
+workers and 1 or 2 ps tasks complete, every worker with its final accuracy
+(above 0.9, as 3 workers reach), and every ps leaves. A ps that goes away is
+in test_training_session.py, the other faults in test_failures.py.
 """
 
 import pytest
@@ -29,7 +29,8 @@ def test_sixteen_workers_complete(procs, free_ports, small_data, script,
         output = procs.output(worker)
         assert worker.returncode == 0, output
         assert 'Traceback' not in output
-        assert i in final_accuracies(output), output
+        # The classes are separable: with 2 ps tasks, w and b apart, too.
+        assert final_accuracies(output)[i] > 0.9, output
     for proc in workers + ps:
         assert proc.returncode == 0, procs.output(proc)
         assert left_running(proc) == []
