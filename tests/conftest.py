@@ -37,13 +37,22 @@ def final_accuracies(output):
     return {int(w): float(a) for w, a in ACCURACY.findall(output)}
 
 
+# Every port handed out in this run: clusters that run side by side, each
+# given its ports by a call of its own, never share one.
+_given = set()
+
+
 def _free_ports(n):
     # Held open together, the sockets get n distinct ports.
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in sockets:
+        ports = []
+        while len(ports) < n:
+            s = stack.enter_context(socket.socket())
             s.bind(('localhost', 0))
-        return [s.getsockname()[1] for s in sockets]
+            if s.getsockname()[1] not in _given:
+                ports.append(s.getsockname()[1])
+        _given.update(ports)
+        return ports
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Every task ends, on time: start order, lost tasks, bad input."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -130,44 +131,56 @@ def test_lost_ps_ends_every_worker(procs, free_ports, small_data):
                             % (i, ps_port(ps)))
 
 
-def test_missing_ps_ends_worker_after_startup_timeout(procs, free_ports,
-                                                      small_data):
+def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
+    """Each case its own tasks, all at once: a ps that never comes, to a
+    worker and to a chief; a chief that never comes, to a worker and the ps;
+    a ps whose port answers the worker's probe and then nothing is there
+    (opening a session would wait in TensorFlow for good), to the chief and
+    to another worker."""
+    flags = ['--data_dir=' + small_data] + SHORT_RUN
     ports = free_ports(4)
-    worker = procs.script('async', 'worker', 1, ports[:1], ports[1:],
-                          '--data_dir=' + small_data, '--startup_timeout=3',
-                          *SHORT_RUN)
-    procs.wait_all([worker], 60)
-    assert_one_error_line(procs, worker, 1, '/job:ps/task:0',
+    no_ps = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags,
+                         '--startup_timeout=3', name='no-ps-')
+    # ~ as a shell would expand it, had it not been after '='. The data is
+    # read, and the chief waits for the ps that is not there.
+    home = tmp_path / 'home'
+    shutil.copytree(small_data, str(home / 'data'))
+    ports = free_ports(2)
+    tilde = procs.start(
+        [sys.executable, 'mnist_dist_async.py', '--job_name=worker',
+         '--ps=localhost:%d' % ports[0], '--worker=localhost:%d' % ports[1],
+         '--data_dir=~/data', '--logdir=~/logdir', '--startup_timeout=3',
+         '--validation_size=100'], 'tilde-chief', env={'HOME': str(home)})
+    ports = free_ports(4)
+    no_chief = [procs.script('async', job, 0 if job == 'ps' else 1,
+                             ports[:1], ports[1:], *flags,
+                             '--startup_timeout=5', name='no-chief-')
+                for job in ('ps', 'worker')]
+    lost = [free_ports(4) for index in (0, 1)]
+    with contextlib.ExitStack() as stack:
+        answering = [stack.enter_context(socket.create_server(('', p[0])))
+                     for p in lost]
+        lost_ps = [procs.script('async', 'worker', index, p[:1], p[1:],
+                                *flags, '--startup_timeout=5',
+                                name='lost-ps-')
+                   for index, p in enumerate(lost)]
+        for port in answering:
+            port.settimeout(60)
+            port.accept()[0].close()
+    procs.wait_all([no_ps, tilde] + no_chief + lost_ps, 60)
+    assert_one_error_line(procs, no_ps, 1, '/job:ps/task:0',
                           'did not come up within 3 s')
-
-
-def test_missing_chief_ends_worker_and_ps(procs, free_ports, small_data):
-    ports = free_ports(4)
-    flags = ['--data_dir=' + small_data, '--startup_timeout=5'] + SHORT_RUN
-    ps = procs.script('async', 'ps', 0, ports[:1], ports[1:], *flags)
-    worker = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags)
-    procs.wait_all([worker, ps], 60)
-    assert_one_error_line(procs, worker, 1, 'the chief',
+    assert_one_error_line(procs, tilde, 1, '/job:ps/task:0',
+                          'did not come up within 3 s')
+    assert (home / 'logdir').is_dir()
+    assert not os.path.exists(os.path.join(REPO, '~'))
+    assert_one_error_line(procs, no_chief[1], 1, 'the chief',
                           'did not initialize the model within 5 s')
-    assert_one_error_line(procs, ps, 1, '/job:worker/task:0',
+    assert_one_error_line(procs, no_chief[0], 1, '/job:worker/task:0',
                           'did not come up within 5 s')
-
-
-@pytest.mark.parametrize('index', [0, 1])
-def test_ps_lost_at_start_up_ends_the_worker(procs, free_ports, small_data,
-                                             index):
-    # The port answers the worker's probe, then nothing is there: opening
-    # a session would wait in TensorFlow for good.
-    ports = free_ports(4)
-    with socket.create_server(('', ports[0])) as ps_port:
-        worker = procs.script('async', 'worker', index, ports[:1], ports[1:],
-                              '--data_dir=' + small_data,
-                              '--startup_timeout=5', *SHORT_RUN)
-        ps_port.settimeout(60)
-        ps_port.accept()[0].close()
-    procs.wait_all([worker], 30)
-    assert_one_error_line(procs, worker, 1, 'lost the connection to '
-                          '/job:ps/task:0 (localhost:%d)' % ports[0])
+    for worker, ports in zip(lost_ps, lost):
+        assert_one_error_line(procs, worker, 1, 'lost the connection to '
+                              '/job:ps/task:0 (localhost:%d)' % ports[0])
 
 
 def test_port_in_use(procs, free_ports, small_data):
@@ -246,25 +259,6 @@ def test_data_errors(procs, free_ports, small_data, tmp_path):
     procs.wait_all(chiefs, 60)
     for chief, (_, _, words) in zip(chiefs, DATA_ERRORS):
         assert_one_error_line(procs, chief, 1, *words)
-
-
-def test_tilde_is_the_home_directory(procs, free_ports, small_data,
-                                     tmp_path):
-    # As a shell would, had it not been after '='. The data is read, and
-    # the chief waits for the ps that is not there.
-    home = tmp_path / 'home'
-    shutil.copytree(small_data, str(home / 'data'))
-    ports = free_ports(2)
-    chief = procs.start(
-        [sys.executable, 'mnist_dist_async.py', '--job_name=worker',
-         '--ps=localhost:%d' % ports[0], '--worker=localhost:%d' % ports[1],
-         '--data_dir=~/data', '--logdir=~/logdir', '--startup_timeout=3',
-         '--validation_size=100'], 'chief', env={'HOME': str(home)})
-    procs.wait_all([chief], 60)
-    assert_one_error_line(procs, chief, 1, '/job:ps/task:0',
-                          'did not come up within 3 s')
-    assert (home / 'logdir').is_dir()
-    assert not os.path.exists(os.path.join(REPO, '~'))
 
 
 def assert_interrupted(procs, proc, status, task):

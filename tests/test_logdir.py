@@ -34,11 +34,18 @@ def events(logdir):
     return tags
 
 
-def run(procs, free_ports, script, *flags, timeout=120):
-    ps, workers = procs.cluster(script, free_ports, *flags)
-    procs.wait_all(workers + [ps], timeout)
-    outputs = [assert_clean_exit(procs, p, 0) for p in workers + [ps]]
-    return outputs[:-1]
+SCRIPTS = ('async', 'sync')
+
+
+def run(procs, free_ports, runs, timeout=120):
+    """Clusters side by side, {name: (script, flags)}: {name: the workers'
+    outputs}, once every task has ended cleanly."""
+    clusters = {name: procs.cluster(script, free_ports, *flags, name=name)
+                for name, (script, flags) in runs.items()}
+    procs.wait_all([p for ps, workers in clusters.values()
+                    for p in workers + [ps]], timeout)
+    return {name: [assert_clean_exit(procs, p, 0) for p in workers + [ps]][:-1]
+            for name, (ps, workers) in clusters.items()}
 
 
 @pytest.mark.parametrize('script', ['async', 'sync'])
@@ -48,7 +55,8 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     flags = ['--data_dir=' + small_data, '--validation_size=100',
              '--print_every_epochs=2', '--learning_rate=0.5',
              '--logdir=' + logdir]
-    outputs = run(procs, free_ports, script, '--epochs=6', *flags)
+    outputs = run(procs, free_ports,
+                  {script: (script, ['--epochs=6'] + flags)})[script]
     local_steps = []
     for i, output in enumerate(outputs):
         timing = TIMING.findall(output)
@@ -82,7 +90,8 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     assert saved_step >= tags['test_accuracy'][-1] > 0
 
     # The same cluster again, to 9 epochs: it goes on from the checkpoint.
-    outputs = run(procs, free_ports, script, '--epochs=9', *flags)
+    outputs = run(procs, free_ports,
+                  {script: (script, ['--epochs=9'] + flags)})[script]
     assert 'worker=0: restored the model from %s\n' % saved in outputs[0]
     [(_, start)] = STARTING.findall(outputs[0])
     if script == 'sync':  # no update before the chief's queue runner
@@ -102,25 +111,34 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     assert tf.train.latest_checkpoint(logdir) != saved
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
 def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
-                                           tmp_path, script):
+                                           tmp_path):
     # 10 ms a step: async workers would otherwise finish their 1,500 steps,
-    # and the ps leave, before the new chief has imported TensorFlow.
-    flags = ['--data_dir=' + small_data, '--validation_size=100',
-             '--print_every_epochs=1', '--epochs=150', '--step_delay_ms=10',
-             '--logdir=' + str(tmp_path / 'logdir')]
-    ports = free_ports(4)
-    ps, workers = procs.cluster(script, lambda n: ports, *flags)
-    procs.wait_for_output(workers[0], r'^worker=0,epoch=2,', 60)
-    os.kill(workers[0].pid, signal.SIGKILL)
-    workers[0].wait()
-    chief = procs.script(script, 'worker', 0, ports[:1], ports[1:], *flags)
-    procs.wait_all([chief] + workers[1:] + [ps], 180)
-    for i, worker in enumerate([chief] + workers[1:]):
-        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
-    assert_clean_exit(procs, ps, 0)
-    assert STARTING.search(procs.output(chief))
+    # and the ps leave, before the new chief has imported TensorFlow. The
+    # two scripts side by side.
+    runs = {}
+    for script in SCRIPTS:
+        flags = ['--data_dir=' + small_data, '--validation_size=100',
+                 '--print_every_epochs=1', '--epochs=150',
+                 '--step_delay_ms=10',
+                 '--logdir=' + str(tmp_path / script / 'logdir')]
+        ports = free_ports(4)
+        runs[script] = flags, ports, procs.cluster(
+            script, lambda n: ports, *flags, name=script)
+    chiefs = {}
+    for script, (flags, ports, (ps, workers)) in runs.items():
+        procs.wait_for_output(workers[0], r'^worker=0,epoch=2,', 60)
+        os.kill(workers[0].pid, signal.SIGKILL)
+        workers[0].wait()
+        chiefs[script] = procs.script(script, 'worker', 0, ports[:1],
+                                      ports[1:], *flags, name=script + '-again')
+    procs.wait_all([p for s, (_, _, (ps, workers)) in runs.items()
+                    for p in [chiefs[s]] + workers[1:] + [ps]], 180)
+    for script, (_, _, (ps, workers)) in runs.items():
+        for i, worker in enumerate([chiefs[script]] + workers[1:]):
+            assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+        assert_clean_exit(procs, ps, 0)
+        assert STARTING.search(procs.output(chiefs[script]))
 
 
 def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
@@ -153,28 +171,35 @@ def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
     assert image.shape[0] > 300 and image.shape[1] > 300
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
 def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
-                                                    small_data, tmp_path,
-                                                    script):
-    # A file system that fills up after the first checkpoint or so.
-    logdir = tmp_path / 'small'
-    logdir.mkdir()
-    if os.geteuid() or subprocess.run(
-            ['mount', '-t', 'tmpfs', '-o', 'size=300k', 'tmpfs',
-             str(logdir)]).returncode:
-        pytest.skip('cannot mount a small tmpfs here (root only)')
+                                                    small_data, tmp_path):
+    # A file system that fills up after the first checkpoint or so, for each
+    # script, side by side.
+    logdirs = {script: tmp_path / script for script in SCRIPTS}
+    mounted = []
     try:
-        outputs = run(procs, free_ports, script, '--data_dir=' + small_data,
-                      '--logdir=' + str(logdir), '--save_checkpoint_secs=0.5',
-                      '--epochs=60', '--validation_size=100',
-                      '--step_delay_ms=10', timeout=180)
+        for logdir in logdirs.values():
+            logdir.mkdir()
+            if os.geteuid() or subprocess.run(
+                    ['mount', '-t', 'tmpfs', '-o', 'size=300k', 'tmpfs',
+                     str(logdir)]).returncode:
+                pytest.skip('cannot mount a small tmpfs here (root only)')
+            mounted.append(logdir)
+        outputs = run(procs, free_ports, {
+            script: (script, ['--data_dir=' + small_data,
+                              '--logdir=' + str(logdir),
+                              '--save_checkpoint_secs=0.5', '--epochs=60',
+                              '--validation_size=100', '--step_delay_ms=10'])
+            for script, logdir in logdirs.items()}, timeout=180)
     finally:
-        subprocess.run(['umount', '-l', str(logdir)])
-    for i, output in enumerate(outputs):
-        assert i in final_accuracies(output)
-    # One line each time a save fails.
-    failed = re.findall(r'^/job:worker/task:0: error: cannot save a '
-                        r'checkpoint in --logdir=%s \(.+\); training goes on$'
-                        % re.escape(str(logdir)), outputs[0], re.M)
-    assert failed, outputs[0]
+        for logdir in mounted:
+            subprocess.run(['umount', '-l', str(logdir)])
+    for script, logdir in logdirs.items():
+        for i, output in enumerate(outputs[script]):
+            assert i in final_accuracies(output)
+        # One line each time a save fails.
+        failed = re.findall(r'^/job:worker/task:0: error: cannot save a '
+                            r'checkpoint in --logdir=%s \(.+\); training goes '
+                            r'on$' % re.escape(str(logdir)), outputs[script][0],
+                            re.M)
+        assert failed, outputs[script][0]
