@@ -220,10 +220,11 @@ class Processes:
         proc.err.seek(0)
         return proc.err.read()
 
-    def wait_for_output(self, proc, pattern, timeout, count=1):
-        """Waits until proc's output matches pattern `count` times; returns
+    def wait_for_output(self, proc, pattern, timeout, count=1, since=None):
+        """Waits until proc's output matches pattern `count` times, within
+        timeout seconds of `since` (a time.time(); now by default); returns
         the last match."""
-        deadline = time.time() + timeout
+        deadline = (since or time.time()) + timeout
         while time.time() < deadline:
             matches = list(re.finditer(pattern, self.output(proc), re.M))
             if len(matches) >= count:
@@ -234,9 +235,11 @@ class Processes:
         pytest.fail('%s never printed %r:\n%s' % (
             proc.name, pattern, self.output(proc)[-3000:]))
 
-    def wait_all(self, procs, timeout):
-        """Waits for every proc; a hang fails the test, naming the laggards."""
-        deadline = time.time() + timeout
+    def wait_all(self, procs, timeout, since=None):
+        """Waits for every proc, within timeout seconds of `since` (a
+        time.time(); now by default); a hang fails the test, naming the
+        laggards."""
+        deadline = (since or time.time()) + timeout
         for proc in procs:
             try:
                 proc.wait(max(0.1, deadline - time.time()))

@@ -78,25 +78,48 @@ GONE = r'^worker=(\d): /job:worker/task:(\d) \(localhost:\d+\) is gone; ' \
        r'training goes on without it$'
 
 
-def test_killed_worker_does_not_stop_training(procs, free_ports, small_data):
-    # 30 ms a step: the sync run outlasts the 5 s of silence after which a
-    # worker is gone, however fast the machine.
-    runs = {script: procs.cluster(script, free_ports,
-                                  '--data_dir=' + small_data, *LONG_RUN[1:],
-                                  '--epochs=40', '--step_delay_ms=30',
-                                  name=script) for script in SCRIPTS}
-    for ps, workers in runs.values():
+def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
+    """Side by side: worker 2 killed, async and sync (30 ms a step: the sync
+    run outlasts the 5 s of silence after which a worker is gone, however
+    fast the machine); worker 1 sent SIGINT (async) or SIGTERM (sync) to its
+    process group, as Ctrl-C in its own terminal would."""
+    killed = {script: procs.cluster(script, free_ports,
+                                    '--data_dir=' + small_data, *LONG_RUN[1:],
+                                    '--epochs=40', '--step_delay_ms=30',
+                                    name=script + '-killed-')
+              for script in SCRIPTS}
+    signals = {'async': (signal.SIGINT, 130), 'sync': (signal.SIGTERM, 143)}
+    stopped = {script: procs.cluster(script, free_ports,
+                                     '--data_dir=' + small_data,
+                                     *LONG_RUN[1:], '--epochs=40',
+                                     name=script + '-signal-')
+               for script in SCRIPTS}
+    for ps, workers in killed.values():
         procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
         os.kill(workers[2].pid, signal.SIGKILL)
-    procs.wait_all([p for ps, workers in runs.values()
-                    for p in workers + [ps]], 120)
-    for script, (ps, workers) in runs.items():
+    sent = {}
+    for script, (ps, workers) in stopped.items():
+        procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', 60)
+        os.killpg(workers[1].pid, signals[script][0])
+        sent[script] = time.time()
+    for script, (ps, workers) in stopped.items():
+        procs.wait_all([workers[1]], 10, since=sent[script])
+        assert_interrupted(procs, workers[1], signals[script][1],
+                           '/job:worker/task:1')
+    procs.wait_all([p for ps, workers in list(killed.values())
+                    + list(stopped.values()) for p in workers + [ps]], 120)
+    for script, (ps, workers) in killed.items():
         for i in (0, 1):
             output = assert_clean_exit(procs, workers[i], 0)
             assert i in final_accuracies(output)
             assert re.findall(GONE, output, re.M) == [(str(i), '2')] * (
                 script == 'sync')
         assert workers[2].returncode == -signal.SIGKILL
+        assert_clean_exit(procs, ps, 0)
+    for ps, workers in stopped.values():
+        for i in (0, 2):
+            assert i in final_accuracies(assert_clean_exit(procs, workers[i],
+                                                           0))
         assert_clean_exit(procs, ps, 0)
 
 
@@ -115,11 +138,15 @@ def test_lost_ps_ends_every_worker(procs, free_ports, small_data):
             procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
     for ps, _ in runs.values():
         os.kill(ps.pid, signal.SIGKILL)
+    killed = time.time()
     ps = runs['sync', 'answering'][0]
     ps.wait()
     with socket.create_server(('', ps_port(ps))):
         time.sleep(2)
-    procs.wait_all([w for _, workers in runs.values() for w in workers], 30)
+    procs.wait_all([w for (_, its_port), (_, workers) in runs.items()
+                    if its_port == 'closed' for w in workers], 30,
+                   since=killed)
+    procs.wait_all(runs['sync', 'answering'][1], 30)
     for ps, workers in runs.values():
         for i, worker in enumerate(workers):
             # TensorFlow logs the broken connection too; ours is the last
@@ -138,6 +165,7 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
     (opening a session would wait in TensorFlow for good), to the chief and
     to another worker."""
     flags = ['--data_dir=' + small_data] + SHORT_RUN
+    started = time.time()
     ports = free_ports(4)
     no_ps = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags,
                          '--startup_timeout=3', name='no-ps-')
@@ -167,7 +195,8 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
         for port in answering:
             port.settimeout(60)
             port.accept()[0].close()
-    procs.wait_all([no_ps, tilde] + no_chief + lost_ps, 60)
+    procs.wait_all(lost_ps, 30)
+    procs.wait_all([no_ps, tilde] + no_chief, 60, since=started)
     assert_one_error_line(procs, no_ps, 1, '/job:ps/task:0',
                           'did not come up within 3 s')
     assert_one_error_line(procs, tilde, 1, '/job:ps/task:0',
@@ -266,30 +295,6 @@ def assert_interrupted(procs, proc, status, task):
     assert own_lines(procs.stderr(proc)) == [task + ': interrupted'], output
 
 
-def test_signal_ends_a_worker_and_the_others_go_on(procs, free_ports,
-                                                   small_data):
-    signals = {'async': (signal.SIGINT, 130), 'sync': (signal.SIGTERM, 143)}
-    runs = {script: procs.cluster(script, free_ports,
-                                  '--data_dir=' + small_data, *LONG_RUN[1:],
-                                  '--epochs=40', name=script)
-            for script in SCRIPTS}
-    for script, (ps, workers) in runs.items():
-        procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', 60)
-        # To its process group, as Ctrl-C in its own terminal would.
-        os.killpg(workers[1].pid, signals[script][0])
-    for script, (ps, workers) in runs.items():
-        procs.wait_all([workers[1]], 10)
-        assert_interrupted(procs, workers[1], signals[script][1],
-                           '/job:worker/task:1')
-    procs.wait_all([p for ps, workers in runs.values()
-                    for p in workers + [ps]], 120)
-    for ps, workers in runs.values():
-        for i in (0, 2):
-            assert i in final_accuracies(assert_clean_exit(procs, workers[i],
-                                                           0))
-        assert_clean_exit(procs, ps, 0)
-
-
 def test_signal_ends_the_ps_and_so_every_worker(procs, free_ports,
                                                 small_data):
     ps, workers = procs.cluster('sync', free_ports,
@@ -344,22 +349,6 @@ def test_unreadable_checkpoint_ends_every_worker(procs, free_ports,
     assert_clean_exit(procs, ps, 0)
 
 
-def test_stall_watchdog_names_the_missing_chief(procs, free_ports,
-                                                small_data):
-    # Without the chief, no sync update is applied: nothing can go on.
-    ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
-                                '--stall_timeout=5', *LONG_RUN)
-    for i, worker in enumerate(workers):
-        procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
-    os.kill(workers[0].pid, signal.SIGKILL)
-    procs.wait_all(workers + [ps], 60)
-    for worker in workers[1:]:
-        assert_one_error_line(
-            procs, worker, 1, 'training stalled: no new global step for 5 s',
-            'missing: /job:worker/task:0 (localhost:')
-    assert_clean_exit(procs, ps, 0)
-
-
 STEPS = re.compile(r'^worker=1,epoch=\d+,global_step=(\d+),', re.M)
 
 
@@ -407,30 +396,46 @@ def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
     assert_clean_exit(procs, ps, 0)
 
 
-# A frozen ps accepts connections and answers nothing: only a call with a
-# deadline tells it from a live one. Each worker's line names the ps, never
-# the worker itself, which a failed call's error may name.
-def test_frozen_ps_ends_every_worker_naming_it(procs, free_ports, small_data):
-    runs = {script: procs.cluster(script, free_ports,
-                                  '--data_dir=' + small_data,
-                                  '--stall_timeout=10', *LONG_RUN,
-                                  name=script) for script in SCRIPTS}
-    for ps, workers in runs.values():
-        for i, worker in enumerate(workers):
+# A stalled run ends every worker, each naming why, side by side: a frozen
+# ps (async, sync), which accepts connections and answers nothing (only a
+# call with a deadline tells it from a live one; the line names the ps,
+# never the worker itself, which a failed call's error may name); and a sync
+# chief killed, without which no update is applied.
+def test_a_stalled_run_ends_every_worker_naming_why(procs, free_ports,
+                                                    small_data):
+    frozen = {script: procs.cluster(script, free_ports,
+                                    '--data_dir=' + small_data,
+                                    '--stall_timeout=10', *LONG_RUN,
+                                    name=script + '-frozen-')
+              for script in SCRIPTS}
+    ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
+                                '--stall_timeout=5', *LONG_RUN,
+                                name='no-chief-')
+    for run in list(frozen.values()) + [(ps, workers)]:
+        for i, worker in enumerate(run[1]):
             procs.wait_for_output(worker, r'^worker=%d,epoch=' % i, 60)
-    for ps, _ in runs.values():
-        os.kill(ps.pid, signal.SIGSTOP)
-    procs.wait_all([w for _, workers in runs.values() for w in workers],
-                   10 + 30)
-    for ps, workers in runs.values():
-        for i, worker in enumerate(workers):
+    for frozen_ps, _ in frozen.values():
+        os.kill(frozen_ps.pid, signal.SIGSTOP)
+    stopped = time.time()
+    os.kill(workers[0].pid, signal.SIGKILL)
+    procs.wait_all(workers + [ps], 60)
+    for worker in workers[1:]:
+        assert_one_error_line(
+            procs, worker, 1, 'training stalled: no new global step for 5 s',
+            'missing: /job:worker/task:0 (localhost:')
+    assert_clean_exit(procs, ps, 0)
+    procs.wait_all([w for _, ws in frozen.values() for w in ws], 10 + 30,
+                   since=stopped)
+    for frozen_ps, frozen_workers in frozen.values():
+        for i, worker in enumerate(frozen_workers):
             assert_one_error_line(
                 procs, worker, 1,
                 'training stalled: no new global step for 10 s',
-                '/job:ps/task:0 (localhost:%d) does not answer' % ps_port(ps))
+                '/job:ps/task:0 (localhost:%d) does not answer'
+                % ps_port(frozen_ps))
             assert 'lost the connection to /job:worker/task:%d ' % i \
                 not in procs.output(worker)
-        os.kill(ps.pid, signal.SIGCONT)
+        os.kill(frozen_ps.pid, signal.SIGCONT)
 
 
 def test_ctrl_c_on_the_ps_ends_every_worker_with_its_reason(

@@ -56,6 +56,7 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                                       % (i, 10 * restart - 5), 60)
             assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
             os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
+            run['killed'] = time.time()
         for run in due:
             lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
             run['ps'][lost].wait()
@@ -64,18 +65,20 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                     worker, r'^worker=%d: lost the connection to '
                             r'/job:ps/task:%d \(localhost:%d\); waiting up to '
                             r'120 s for it$' % (i, lost, ports[lost]), 30,
-                    count=restart)
+                    count=restart, since=run['killed'])
             run['ps'][lost] = procs.script(
                 run['script'], 'ps', lost, ports[:num_ps], ports[num_ps:],
                 *run['flags'], name=run['name'])
+            run['started'] = time.time()
         for run in due:
             run['restored'] = int(procs.wait_for_output(
-                run['workers'][0], RESTORED, 60, count=restart).group(1))
+                run['workers'][0], RESTORED, 60, count=restart,
+                since=run['started']).group(1))
             assert run['restored'] > 0
             for i, worker in enumerate(run['workers']):
                 resumed = procs.wait_for_output(
                     worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
-                    60, count=restart)
+                    60, count=restart, since=run['started'])
                 assert int(resumed.group(1)) >= run['restored']
     procs.wait_all([p for run in runs for p in run['workers'] + run['ps']],
                    300)
@@ -95,8 +98,8 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
 # after which a ps once left: its ps waits (--worker_timeout).
 def test_a_pause_costs_no_worker_its_run(procs, free_ports, small_data):
     runs = {script: procs.cluster(script, free_ports,
-                                  '--data_dir=' + small_data, *LONG_RUN,
-                                  name=script + '-ps-paused-')
+                                  '--data_dir=' + small_data, *LONG_RUN[1:],
+                                  '--epochs=40', name=script + '-ps-paused-')
             for script in ('async', 'sync')}
     silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
                            *LONG_RUN[1:], '--epochs=60',
