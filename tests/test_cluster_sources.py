@@ -4,6 +4,7 @@ Several ps tasks are in test_liveness.py."""
 import json
 import re
 import sys
+import time
 
 import pytest
 
@@ -22,39 +23,39 @@ def tf_config(ps, workers, job, index, **jobs):
                        'task': {'type': job, 'index': index}})
 
 
-def start_tasks(procs, script, envs, *flags, name='task'):
-    """One task per environment, no cluster flags."""
-    return [procs.start([sys.executable, 'mnist_dist_%s.py' % script]
-                        + list(flags), '%s%d' % (name, i), env=env)
-            for i, env in enumerate(envs)]
-
-
 def run_tasks(procs, script, envs, *flags, timeout=120):
     """One task per environment, no cluster flags; returns their outputs."""
-    tasks = start_tasks(procs, script, envs, *flags)
+    tasks = [procs.start([sys.executable, 'mnist_dist_%s.py' % script]
+                         + list(flags), 'task%d' % i, env=env)
+             for i, env in enumerate(envs)]
     procs.wait_all(tasks, timeout)
     return [assert_clean_exit(procs, task, 0) for task in tasks]
 
 
-def test_cluster_from_tf_config(procs, free_ports, small_data):
-    # Both scripts side by side; the sync run with a backup worker.
-    tasks = [('ps', 0)] + [('worker', i) for i in range(3)]
-    runs = {}
-    for script, extra in (('async', []),
-                          ('sync', ['--replicas_to_aggregate=2'])):
-        ports = free_ports(4)
-        envs = [{'TF_CONFIG': tf_config(ports[:1], ports[1:], job, index)}
-                for job, index in tasks]
-        runs[script] = ports, start_tasks(
-            procs, script, envs, '--data_dir=' + small_data, *SMALL_RUN,
-            *extra, name=script)
-    procs.wait_all([p for _, started in runs.values() for p in started], 120)
-    for ports, started in runs.values():
-        for proc, (job, index) in zip(started, tasks):
+def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
+                                                   small_data):
+    # Both scripts side by side, the sync one with a backup worker. Workers
+    # before the ps, the chief last; the ps 3 s later.
+    tasks = [('worker', 2), ('worker', 1), ('worker', 0), ('ps', 0)]
+    extra = {'async': [], 'sync': ['--replicas_to_aggregate=2']}
+    ports = {script: free_ports(4) for script in extra}
+    started = {script: [] for script in extra}
+    for job, index in tasks:
+        time.sleep(3 if job == 'ps' else 1)
+        for script, flags in extra.items():
+            env = {'TF_CONFIG': tf_config(ports[script][:1],
+                                          ports[script][1:], job, index)}
+            started[script].append(procs.start(
+                [sys.executable, 'mnist_dist_%s.py' % script,
+                 '--data_dir=' + small_data] + SMALL_RUN + flags,
+                '%s%s%d' % (script, job, index), env=env))
+    procs.wait_all([p for run in started.values() for p in run], 120)
+    for script, run in started.items():
+        for proc, (job, index) in zip(run, tasks):
             output = assert_clean_exit(procs, proc, 0)
             assert re.search(r'^/job:%s/task:%d: cluster from TF_CONFIG: ps '
-                             r'localhost:%d, workers ' % (job, index,
-                                                          ports[0]),
+                             r'localhost:%d, workers ' % (
+                                 job, index, ports[script][0]),
                              output, re.M), output
             if job == 'worker':
                 assert final_accuracies(output)[index] > 0.9

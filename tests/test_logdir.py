@@ -111,11 +111,13 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     assert tf.train.latest_checkpoint(logdir) != saved
 
 
+STEPS = re.compile(r'^worker=1,epoch=\d+,global_step=(\d+),', re.M)
+
+
 def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
                                            tmp_path):
-    # 10 ms a step: async workers would otherwise finish their 1,500 steps,
-    # and the ps leave, before the new chief has imported TensorFlow. The
-    # two scripts side by side.
+    # Killed once worker 1 is at epoch 20, the two scripts side by side.
+    # 10 ms a step: the others still train when the chief is back.
     runs = {}
     for script in SCRIPTS:
         flags = ['--data_dir=' + small_data, '--validation_size=100',
@@ -127,11 +129,20 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
             script, lambda n: ports, *flags, name=script)
     chiefs = {}
     for script, (flags, ports, (ps, workers)) in runs.items():
-        procs.wait_for_output(workers[0], r'^worker=0,epoch=2,', 60)
+        assert procs.wait_for_output(workers[0], r'^worker=0: initialized '
+                                     r'the model$', 60)
+        procs.wait_for_output(workers[1], r'^worker=1,epoch=20,', 60)
         os.kill(workers[0].pid, signal.SIGKILL)
         workers[0].wait()
         chiefs[script] = procs.script(script, 'worker', 0, ports[:1],
-                                      ports[1:], *flags, name=script + '-again')
+                                      ports[1:], *flags,
+                                      name=script + '-again')
+    # The async chief joins the model the others train on the ps, and
+    # neither initializes it again nor restores an older one.
+    joined = procs.wait_for_output(
+        chiefs['async'], r'^worker=0: joined the live model on the ps at '
+                         r'global_step=(\d+)$', 60)
+    assert int(joined.group(1)) > 200
     procs.wait_all([p for s, (_, _, (ps, workers)) in runs.items()
                     for p in [chiefs[s]] + workers[1:] + [ps]], 180)
     for script, (_, _, (ps, workers)) in runs.items():
@@ -139,6 +150,11 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
             assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
         assert_clean_exit(procs, ps, 0)
         assert STARTING.search(procs.output(chiefs[script]))
+    assert 'initialized the model' not in procs.output(chiefs['async'])
+    # Worker 1's global step never went back.
+    _, _, (_, workers) = runs['async']
+    steps = [int(s) for s in STEPS.findall(procs.output(workers[1]))]
+    assert steps == sorted(steps) and len(steps) == 150
 
 
 def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
@@ -200,6 +216,6 @@ def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
         # One line each time a save fails.
         failed = re.findall(r'^/job:worker/task:0: error: cannot save a '
                             r'checkpoint in --logdir=%s \(.+\); training goes '
-                            r'on$' % re.escape(str(logdir)), outputs[script][0],
-                            re.M)
+                            r'on$' % re.escape(str(logdir)),
+                            outputs[script][0], re.M)
         assert failed, outputs[script][0]
