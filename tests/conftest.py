@@ -235,6 +235,13 @@ class Processes:
         pytest.fail('%s never printed %r:\n%s' % (
             proc.name, pattern, self.output(proc)[-3000:]))
 
+    def wait_for_epoch(self, workers, epoch=None, timeout=60):
+        """Waits until each of workers (0, 1, ...) has printed its line of
+        epoch `epoch`, or of any epoch."""
+        for i, worker in enumerate(workers):
+            self.wait_for_output(worker, r'^worker=%d,epoch=%s' % (
+                i, '' if epoch is None else '%d,' % epoch), timeout)
+
     def wait_all(self, procs, timeout, since=None):
         """Waits for every proc, within timeout seconds of `since` (a
         time.time(); now by default); a hang fails the test, naming the

@@ -51,9 +51,7 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
     for restart in (1, 2):
         due = [run for run in runs if run['restarts'] >= restart]
         for run in due:
-            for i, worker in enumerate(run['workers']):
-                procs.wait_for_output(worker, r'^worker=%d,epoch=%d,'
-                                      % (i, 10 * restart - 5), 60)
+            procs.wait_for_epoch(run['workers'], 10 * restart - 5)
             assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
             os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
             run['killed'] = time.time()
@@ -104,11 +102,9 @@ def test_a_pause_costs_no_worker_its_run(procs, free_ports, small_data):
     silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
                            *LONG_RUN[1:], '--epochs=60',
                            '--worker_timeout=60', name='workers-paused-')
-    for (ps, workers), epoch in [(run, 5) for run in runs.values()] + [
-            (silent, 2)]:
-        for i, worker in enumerate(workers):
-            procs.wait_for_output(worker, r'^worker=%d,epoch=%d,' % (i, epoch),
-                                  60)
+    for ps, workers in runs.values():
+        procs.wait_for_epoch(workers, 5)
+    procs.wait_for_epoch(silent[1], 2)
     paused = [ps for ps, _ in runs.values()] + silent[1]
     for proc in paused:
         os.kill(proc.pid, signal.SIGSTOP)
@@ -139,8 +135,7 @@ def test_broken_connections_cost_no_worker(procs, free_ports, small_data):
                                             '--data_dir=' + small_data,
                                             *LONG_RUN, name=script)
     for ports, (ps, workers) in runs.values():
-        for i, worker in enumerate(workers):
-            procs.wait_for_output(worker, r'^worker=%d,epoch=5,' % i, 60)
+        procs.wait_for_epoch(workers, 5)
     for ports, _ in runs.values():
         killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % ports[0]],
                                 check=True, capture_output=True, text=True,
