@@ -5,7 +5,7 @@
 # accuracy; exits 0 if every task did, 1 if any failed, 130 if interrupted.
 # Every process it started is gone when it returns, whichever way.
 # `compare` runs async, then sync, with the same flags and a --logdir each,
-# and compares them with compare.py.
+# and compares them with launcher/compare.py.
 #
 # By default the cluster runs in a private network namespace with only a
 # loopback device: TensorFlow's server has no authentication and listens on
@@ -32,7 +32,7 @@ modes:
   async     mnist_dist_async.py: each worker applies its own updates
   sync      mnist_dist_sync.py: SyncReplicasOptimizer aggregates them
   compare   async, then sync, with the same flags and a --logdir each, then
-            compare.py's table and chart of the two
+            launcher/compare.py's table and chart of the two
 
 options:
   -n NUM_WORKERS  worker tasks (default 3)
@@ -124,7 +124,7 @@ if [[ $mode == compare ]]; then
     ((status == 130)) && exit 130
     ((status == 0)) || failed=1
   done
-  "$python" "$here/compare.py" "$run_dir" || failed=1
+  "$python" "$here/launcher/compare.py" "$run_dir" || failed=1
   exit $failed
 fi
 

@@ -1,21 +1,29 @@
-"""MNIST softmax regression, trained by parameter servers with synchronous
-updates: the gradients of --replicas_to_aggregate workers are averaged into
-one update of the shared variables, and the workers wait for it.
+"""MNIST softmax regression trained by parameter servers, synchronously:
+the gradients of --replicas_to_aggregate workers are averaged into one
+update of the shared variables, and the workers wait for it. The script of
+Mastering TensorFlow 1.x, chapter 15.
 
-The ps tasks hold the variables and serve them; each worker reads them,
-computes the gradient of its own batch, and sends it back to be applied.
-Worker 0, the chief, also initializes the variables (or restores them from a
-checkpoint) and writes checkpoints and summaries.
+The ps tasks hold the variables, w and b, and serve them. Each worker reads
+them, computes the gradient of its own batch, and sends it to the ps to be
+applied. Worker 0, the chief, also initializes the variables, or restores
+them from a checkpoint, and writes checkpoints and summaries.
 
 Start one process per task, for example on one machine:
     python mnist_dist_sync.py --job_name=ps --task_index=0
     python mnist_dist_sync.py --job_name=worker --task_index=0   # the chief
     python mnist_dist_sync.py --job_name=worker --task_index=1
     python mnist_dist_sync.py --job_name=worker --task_index=2
-The cluster's flags (--ps, --worker, --data_dir, --logdir...) are in
-cluster_utils.py.
+The cluster's flags (--ps, --worker, --logdir...) are in cluster_utils.py.
+
+A marker at the end of a statement's first line labels the statement, and
+a comment above it that starts with the marker says more: # PS: it makes
+the program distributed; # ASYNC: or # SYNC: it differs from
+mnist_dist_async.py; # BOOK: it stands for a line of the book's script,
+quoted, and says why. Skip the # BOOK: statements and the rest is the
+book's script, in its order (docs/book.md).
 """
 
+import itertools  # SYNC: for epoch in itertools.count()
 import os
 import time
 
@@ -23,183 +31,167 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402
+import tensorflow.compat.v1 as tf  # noqa: E402 BOOK: import tensorflow as tf
 from absl import app, flags  # noqa: E402
 
-import cluster_utils  # noqa: E402
-import liveness  # noqa: E402
-import mnist_data  # noqa: E402
-import training_session  # noqa: E402
+import cluster_utils  # noqa: E402 PS: the cluster's flags and calls
+import mnist_data  # noqa: E402 BOOK: tensorflow.examples...input_data
 
 FLAGS = flags.FLAGS
-flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
-flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
-                     lower_bound=1)
-flags.DEFINE_integer('epochs', 50,
-                     'Passes of each worker over the training set.',
-                     lower_bound=1)
-flags.DEFINE_integer('step_delay_ms', 0,
-                     'Sleep this long after each session.run: a straggler '
-                     'on purpose, for bench.py.', lower_bound=0)
-flags.register_validator('learning_rate', lambda v: v > 0, 'must be positive')
-# SYNC: fewer than the workers leaves the slowest as backup workers.
-flags.DEFINE_integer('replicas_to_aggregate', None,
-                     'Gradients per update (default: all the workers).',
-                     lower_bound=1)
+flags.DEFINE_float(  # BOOK: learning_rate = 0.01 in main; a flag
+    'learning_rate', 0.01, 'Learning rate of gradient descent.')
+flags.DEFINE_integer(  # BOOK: n_epochs = 50 in main; a flag
+    'epochs', 50, 'Passes of each worker over the training set.',
+    lower_bound=1)
+flags.DEFINE_integer(  # BOOK: batch_size = 100 in main; a flag
+    'batch_size', 100, 'Images per training step.', lower_bound=1)
+flags.DEFINE_integer(  # BOOK: n_epochs_print = 10 in main; a flag
+    'print_every_epochs', 10, 'Print the loss every this many epochs.',
+    lower_bound=1)
+flags.register_validator(  # BOOK: (none): a flag can be given wrong
+    'learning_rate', lambda v: v > 0, 'must be positive')
+flags.DEFINE_integer(  # PS: a straggler on purpose, for the benchmark
+    'step_delay_ms', 0, 'Sleep this long after each session.run.',
+    lower_bound=0)
+flags.DEFINE_integer(  # SYNC: fewer than the workers: backup workers
+    'replicas_to_aggregate', None, 'Gradients per update (default: all the '
+    'workers).', lower_bound=1)
+
+
+def model(x_p):
+    """The book's model, softmax regression: the logits of the ten classes
+    for images x_p of 784 pixels."""
+    w = tf.Variable(tf.random_normal([mnist_data.IMAGE_PIXELS,
+                                      mnist_data.NUM_CLASSES]), name='w')
+    b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
+    return tf.matmul(x_p, w) + b
 
 
 def main(_):
-    cluster_utils.exit_on_signals()
-    tf.logging.set_verbosity(tf.logging.ERROR)  # else the next line warns
-    tf.disable_v2_behavior()  # graphs and sessions, as in TensorFlow 1.x
-    cluster = cluster_utils.cluster_spec_from_flags()
-    server = cluster_utils.start_server(cluster)
+    cluster_utils.exit_on_signals()  # PS: a signal ends a task in one line
+    tf.logging.set_verbosity(tf.logging.ERROR)  # BOOK: (none): else it warns
+    tf.disable_v2_behavior()  # BOOK: (none): TF 2.x runs 1.x graphs so
+    # BOOK: clusterSpec = tf.train.ClusterSpec({'ps': ps, 'worker': workers})
+    # of fixed lists; here from --ps/--worker, TF_CONFIG or Slurm.
+    cluster = cluster_utils.cluster_spec()  # PS: BOOK:
+    server = cluster_utils.start_server(cluster)  # PS: BOOK: tf.train.Server
 
-    if FLAGS.job_name == 'ps':
-        liveness.serve_until_workers_gone(server, cluster)
-        cluster_utils.leave()
+    if FLAGS.job_name == 'ps':  # PS:
+        # BOOK: server.join(), which never returns; this ends the ps once
+        # every worker has come and gone.
+        cluster_utils.join(server, cluster)  # PS: BOOK:
 
-    steps_per_run = 1  # SYNC: as below
-    mnist = cluster_utils.load_mnist(cluster,
-                                     FLAGS.batch_size * steps_per_run)
-    is_chief = FLAGS.task_index == 0
-
-    # Variables go to the ps tasks, the computation stays on this worker.
-    # They are spread round robin over the ps tasks, so with two or more, w,
-    # by far the biggest, has a ps of its own; by size would place it alike.
-    with tf.device(tf.train.replica_device_setter(
-            worker_device='/job:worker/task:%d' % FLAGS.task_index,
-            cluster=cluster)):
-        global_step = tf.train.get_or_create_global_step()
-
-        # The book's model: softmax regression of the 784 pixels.
-        x = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
-        y_ = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        w = tf.Variable(tf.random_normal(
-            [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]), name='w')
-        b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
-        logits = tf.matmul(x, w) + b
-        correct = tf.equal(tf.argmax(logits, 1), tf.argmax(y_, 1))
-        accuracy = tf.reduce_mean(tf.cast(correct, tf.float32))
-
-        opt = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
-
-        # SYNC: one step per session.run, as in the book: the wrapped
-        # optimizer's queue runner and init ops serve only the last update
-        # it makes in a graph, and each step waits for the other workers.
-        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=y_, logits=logits))
-        # SYNC: wrap the optimizer; its accumulators and token queue live on
-        # the ps tasks.
-        num_workers = cluster.num_tasks('worker')
-        replicas = FLAGS.replicas_to_aggregate or num_workers
-        opt = tf.train.SyncReplicasOptimizer(
-            opt, replicas_to_aggregate=replicas,
-            total_num_replicas=num_workers)
-        train_op = opt.minimize(loss, global_step=global_step)
-
-        # SYNC: the global step once this worker's step is over, read on the
-        # ps after the token that freed it was taken; the token's own value,
-        # and a read beside the step, may lag one update behind, and a worker
-        # that missed the last update would wait for the next forever.
-        with tf.device(global_step.device), \
-                tf.control_dependencies([train_op]):
-            step_after = global_step.read_value()
-
-    # SYNC: once the shared variables are initialized, the chief sets up the
-    # gradient accumulators, each other worker its local step.
-    local_init_op = opt.chief_init_op if is_chief else opt.local_step_init_op
-    chief_queue_runner = opt.get_chief_queue_runner()
-    init_tokens_op = opt.get_init_tokens_op()
-    # SYNC: tokens a worker leaves when done, for any other still waiting.
-    release_tokens_op = opt.get_init_tokens_op(num_tokens=num_workers)
-
+    # BOOK: mnist = input_data.read_data_sets(...), first in main; a ps
+    # needs no data. SYNC: the wrapped optimizer serves one step a run.
+    images_per_run = FLAGS.batch_size  # SYNC:
+    mnist = cluster_utils.load_mnist(cluster, images_per_run)  # BOOK:
+    n_batches = len(mnist.train.images) // FLAGS.batch_size
+    is_chief = FLAGS.task_index == 0  # PS: it initializes, saves, restores
     # SYNC: every worker stops at the same global step, not after its own
     # epochs: one that left early would leave the others waiting for its
-    # gradients forever. Each update takes one step of every worker, so
-    # that is about --epochs passes of each over the training set.
-    last_step = FLAGS.epochs * (len(mnist.train.images) // FLAGS.batch_size)
+    # gradients forever. Each update takes a step of every worker.
+    last_step = FLAGS.epochs * n_batches  # SYNC:
 
-    # SYNC: a worker that dies while it waits for a token takes one with it,
-    # and the others would wait forever for the gradient it owed: the chief
-    # puts one back. One that left at the last step is done, not gone.
-    add_token_op = opt.get_init_tokens_op(num_tokens=1)
+    # Variables go to the ps tasks, round robin, the computation to this
+    # worker: with two ps or more, w, by far the biggest, has one of its own.
+    with tf.device(tf.train.replica_device_setter(  # PS:
+            worker_device='/job:worker/task:%d' % FLAGS.task_index,
+            cluster=cluster)):
+        global_step = tf.train.get_or_create_global_step()  # PS: on the ps
 
-    def worker_gone(sess):
-        if sess.run(global_step) >= last_step:
-            return False
-        if is_chief:
-            sess.run(add_token_op)
-        return True
+        x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
+        y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
+        logits = model(x_p)  # BOOK: w, b and logits, now at the top
+        cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(  # BOOK:
+            labels=y_p, logits=logits)  # the book's _with_logits is gone
+        loss_op = tf.reduce_mean(cross_entropy)
+        optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
+        # SYNC: the book's wrapped optimizer; its accumulators and token
+        # queue live on the ps tasks.
+        num_workers = cluster.num_tasks('worker')  # SYNC:
+        optimizer = tf.train.SyncReplicasOptimizer(  # PS: SYNC:
+            optimizer,
+            replicas_to_aggregate=FLAGS.replicas_to_aggregate or num_workers,
+            total_num_replicas=num_workers)
+        train_op = optimizer.minimize(loss_op, global_step=global_step)
 
-    # SYNC: a lost ps stops the chief's updates, and a worker may wait for
-    # a token, on a ps that stayed, that no update will give: each worker
-    # puts them in (one each poll of its Watchdog) until it is freed, to
-    # meet the lost ps at its next step.
-    def ps_lost(sess):
-        sess.run(add_token_op)
+        # SYNC: once the shared variables are initialized, the chief sets up
+        # the gradient accumulators, each other worker its local step.
+        if is_chief:  # SYNC:
+            local_init_op = optimizer.chief_init_op
+        else:  # SYNC:
+            local_init_op = optimizer.local_step_init_op
+        # SYNC: BOOK: chief_queue_runner = optimizer.get_chief_queue_runner()
+        # and init_token_op = optimizer.get_init_tokens_op(); and the tokens
+        # that free a worker waiting for one after a worker or a ps is lost.
+        tokens = cluster_utils.sync_tokens(  # PS: SYNC: BOOK:
+            optimizer, cluster, global_step, last_step)
+        # SYNC: the global step once this worker's step is over, read on the
+        # ps after the token that freed it was taken; the token's own value,
+        # and a read beside the step, may lag one update behind, and a
+        # worker that missed the last update would wait for the next forever.
+        with tf.device(global_step.device):  # SYNC:
+            with tf.control_dependencies([train_op]):
+                step_after = global_step.read_value()
 
-    # SYNC: the chief's queue runner applies the aggregated gradients. Run
-    # in a loop of the Supervisor's: as a QueueRunner it would close the
-    # token queue whenever it stops, a lost ps too, and then no worker could
-    # take a token again.
-    def start_updates(sess):
-        sv.loop(None, sess.run, args=(chief_queue_runner.enqueue_ops,))
-        sess.run(init_tokens_op)
+        correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
+        accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
 
-    # The chief initializes the variables, or restores them from the last
-    # checkpoint in --logdir; the others wait for it, checking every second
-    # instead of Supervisor's default 30. Its checkpoints come from
-    # training_session.RecoverableSession: a failed save stops the
-    # Supervisor's own.
-    sv = tf.train.Supervisor(
-        is_chief=is_chief,
-        logdir=FLAGS.logdir,
-        global_step=global_step,
-        init_op=tf.global_variables_initializer(),
-        local_init_op=local_init_op,
-        ready_for_local_init_op=opt.ready_for_local_init_op,
-        recovery_wait_secs=1,
-        save_model_secs=0)
-    sess = training_session.RecoverableSession(sv, server, cluster,
-                                               on_worker_gone=worker_gone,
-                                               on_ps_lost=ps_lost)
+    # PS: the chief writes checkpoints and summaries in --logdir, from the
+    # session below (a failed save would stop the Supervisor's own); the
+    # others check for the model every second, not every 30.
+    sv = tf.train.Supervisor(is_chief=is_chief,  # PS:
+                             logdir=FLAGS.logdir,
+                             init_op=tf.global_variables_initializer(),
+                             local_init_op=local_init_op,  # SYNC:
+                             ready_for_local_init_op=(  # SYNC:
+                                 optimizer.ready_for_local_init_op),
+                             global_step=global_step,
+                             recovery_wait_secs=1,
+                             save_model_secs=0)
 
-    def accuracy_on(split):
-        return float(sess.run(accuracy, {x: split.images, y_: split.labels}))
+    # BOOK: with sv.prepare_or_wait_for_session(server.target) as mts:
+    # a session that outlives a lost ps. SYNC: with the tokens.
+    sess = cluster_utils.training_session(  # PS: SYNC: BOOK:
+        sv, server, cluster, tokens)
+    # SYNC: BOOK: if is_chief: mts.run(init_token_op) and
+    # sv.start_queue_runners(mts, [chief_queue_runner]): the chief applies
+    # the updates; in each new session after a lost ps too.
+    if is_chief:  # SYNC:
+        tokens.start_updates(sv, sess)  # SYNC: BOOK:
 
-    rng = np.random.default_rng(FLAGS.task_index)
-    step = sess.run(global_step)  # SYNC: a latecomer may find it done
-    log = cluster_utils.TrainingLog(sv, sess, step, accuracy_on, mnist)
-    # SYNC: the chief starts applying updates, and puts in the tokens that
-    # let the first step complete; only now, so that no update can come
-    # before the step it logged; and again in each new session after a lost
-    # ps.
-    if is_chief:
-        sess.on_each_session(start_updates)
-    epoch = 0
-    while step < last_step:
-        for batch_x, batch_y in mnist_data.epoch_batches(
-                mnist.train, FLAGS.batch_size * steps_per_run, rng):
-            step, loss_value = sess.run(
-                [step_after, loss],
-                feed_dict={x: batch_x, y_: batch_y})
-            log.step(step, loss_value, steps_per_run)
-            if FLAGS.step_delay_ms:
-                time.sleep(FLAGS.step_delay_ms / 1000)
-            if step >= last_step:
+    rng = np.random.default_rng(FLAGS.task_index)  # BOOK: next_batch's order
+    gstep = sess.run(global_step)  # PS: where a resumed run starts
+    log = cluster_utils.training_log(  # PS: pace, totals and TensorBoard
+        sv, sess, gstep, mnist, accuracy_op, x_p, y_p)
+    lstep = 0
+    for epoch in itertools.count():  # SYNC: until the last global step
+        if gstep >= last_step:  # SYNC: a latecomer may find it done
+            break
+        for x_batch, y_batch in mnist_data.epoch_batches(  # BOOK: next_batch
+                mnist.train, images_per_run, rng):
+            feed_dict = {x_p: x_batch, y_p: y_batch}
+            gstep, loss = sess.run(  # SYNC: the step after the update
+                [step_after, loss_op], feed_dict=feed_dict)
+            lstep += 1  # SYNC: the book's line
+            log.step(gstep, lstep, loss)  # PS:
+            time.sleep(FLAGS.step_delay_ms / 1000)  # PS: a straggler
+            if gstep >= last_step:  # SYNC: the workers stop together
                 break
-        else:  # a whole epoch
-            log.epoch(epoch, step, loss_value)
-        epoch += 1
-    sess.run(release_tokens_op)
-    final_accuracy = accuracy_on(mnist.test)
-    print('worker=%d, final accuracy = %s'
-          % (FLAGS.task_index, final_accuracy), flush=True)
-    log.final(step, final_accuracy)
-    sess.close()
-    cluster_utils.leave()
+        if ((epoch + 1) % FLAGS.print_every_epochs == 0  # SYNC: whole epochs
+                and gstep < last_step):
+            print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
+                  % (FLAGS.task_index, epoch, gstep, lstep, loss), flush=True)
+            log.accuracies(gstep)  # PS:
+    tokens.release(sess)  # SYNC: for any other worker still waiting
+    feed_dict = {x_p: mnist.test.images, y_p: mnist.test.labels}
+    accuracy = sess.run(accuracy_op, feed_dict=feed_dict)
+    print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
+          flush=True)
+    log.final(gstep, accuracy)  # PS:
+    sess.close()  # BOOK: the with block's end; it tells the ps it is done
+    cluster_utils.leave()  # PS: at once: TensorFlow cannot stop its server
 
 
 if __name__ == '__main__':
-    app.run(main, flags_parser=cluster_utils.parse_flags)
+    app.run(main, flags_parser=cluster_utils.parse_flags)  # BOOK: tf.app.run()

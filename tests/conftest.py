@@ -346,3 +346,45 @@ def network_hosts(n, delay_ms=0):
     finally:
         for name in made:
             subprocess.run(['ip', 'netns', 'del', name], capture_output=True)
+
+
+# ------------------------------------------------- shared by the cluster tests
+
+# Long enough to be killed mid-run: 10 steps an epoch on the small data. A
+# ps waits 5 s for the workers killed here, not --worker_timeout's 120.
+LONG_RUN = ['--epochs=300', '--print_every_epochs=1', '--validation_size=100',
+            '--worker_timeout=5']
+SHORT_RUN = ['--epochs=2', '--validation_size=100']
+# Where a test waits for a fault to take its course, the two scripts' clusters
+# run side by side: the waits overlap.
+SCRIPTS = ('async', 'sync')
+
+
+def ps_port(ps):
+    return int(ps.args[4].rsplit(':', 1)[1])
+
+
+def assert_clean_exit(procs, proc, status):
+    output = procs.output(proc)
+    assert proc.returncode == status, output
+    assert 'Traceback' not in output
+    assert left_running(proc) == []
+    return output
+
+
+def assert_one_error_line(procs, proc, status, *words):
+    """Exit status, one line of our own on stderr naming the problem, no
+    traceback, nothing left running."""
+    output = assert_clean_exit(procs, proc, status)
+    lines = own_lines(procs.stderr(proc))
+    assert len(lines) == 1, output
+    assert ': error: ' in lines[0]
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
+
+
+def assert_interrupted(procs, proc, status, task):
+    output = assert_clean_exit(procs, proc, status)
+    assert own_lines(procs.stderr(proc)) == [task + ': interrupted'], output
+

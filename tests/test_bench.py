@@ -1,4 +1,4 @@
-"""bench.py runs end to end and reports every figure it promises. Its speed
+"""bench/bench.py runs end to end and reports every figure it promises. Its speed
 figures are for people to read; no test holds them to a number."""
 
 import json
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # not in the fast tier
 def test_bench_reports_every_figure(small_data, tmp_path):
     out = tmp_path / 'bench.json'
     result = subprocess.run(
-        [sys.executable, 'bench.py', '--data_dir=' + small_data,
+        [sys.executable, '-m', 'bench.bench', '--data_dir=' + small_data,
          '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
          '--workers=1', '--repeats=1', '--baseline_steps=200',
          '--target_accuracy=0.5', '--tf2_steps_per_function=1,5',
@@ -65,7 +65,7 @@ def test_bench_scale_reports_every_figure(small_data, tmp_path):
         pytest.skip('no private network namespace here (unshare failed)')
     out = tmp_path / 'bench_scale.json'
     result = subprocess.run(
-        [sys.executable, 'bench_scale.py', '--data_dir=' + small_data,
+        [sys.executable, '-m', 'bench.bench_scale', '--data_dir=' + small_data,
          '--validation_size=100', '--workers=2,3', '--seconds=2',
          '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -1,105 +1,109 @@
-"""Unit tests of cluster_utils: host lists, Slurm's placement, and the lines
-of errors that say what went wrong and which task was lost."""
+"""What the scripts call in cluster_utils.py, as a user meets it: usage
+errors, data errors, a port in use, --shard_data."""
+
+import os
+import re
+import shutil
+import socket
+import sys
 
 import pytest
-import tensorflow.compat.v1 as tf
 
-import cluster_utils
-
-
-@pytest.mark.parametrize('value, hosts', [
-    ('localhost:9001', ['localhost:9001']),
-    ('a:1, b.example.org:2,10.0.0.3:65535',
-     ['a:1', 'b.example.org:2', '10.0.0.3:65535']),
-    ('[::1]:9001', ['[::1]:9001']),
-])
-def test_parse_host_list(value, hosts):
-    assert cluster_utils.parse_host_list(value) == hosts
+from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
 
 
-@pytest.mark.parametrize('value', [
-    '', 'localhost', 'localhost:', ':9001', 'localhost:port',
-    'localhost:0', 'localhost:65536', 'a:1,,b:2', 'a:1;b:2'])
-def test_parse_host_list_rejects(value):
-    with pytest.raises(ValueError, match='is not host:port'):
-        cluster_utils.parse_host_list(value)
+@pytest.mark.slow
+def test_port_in_use(procs, free_ports, small_data):
+    ports = free_ports(4)
+    with socket.socket() as holder:
+        holder.bind(('', ports[0]))
+        holder.listen()
+        ps = procs.script('async', 'ps', 0, ports[:1], ports[1:])
+        procs.wait_all([ps], 60)
+    assert_one_error_line(procs, ps, 1, 'port %d' % ports[0], 'in use')
 
 
-@pytest.mark.parametrize('value, hosts', [
-    ('node[9-10,12],gpu01', ['node9', 'node10', 'node12', 'gpu01']),
-    ('n[08-10]-ib', ['n08-ib', 'n09-ib', 'n10-ib']),
-])
-def test_expand_hostlist(value, hosts):
-    assert cluster_utils.expand_hostlist(value) == hosts
+CLUSTER = ['--ps=localhost:9001', '--worker=localhost:9002,localhost:9003']
 
 
-@pytest.mark.parametrize('value', ['', 'node[9-', 'a,,b', 'n[1-2'])
-def test_expand_hostlist_rejects(value):
-    with pytest.raises(ValueError, match='is not a Slurm host list'):
-        cluster_utils.expand_hostlist(value)
+USAGE_ERRORS = [
+    (['--job_name=worker', '--ps=localhost', '--worker=localhost:9002'],
+     ['--ps', "'localhost' is not host:port"]),
+    (['--job_name=worker', '--ps=localhost:9001',
+      '--worker=localhost:9002,,localhost:9003'], ['--worker']),
+    (['--job_name=worker', '--ps=localhost:9001',
+      '--worker=localhost:9002,localhost:9001'],
+     ['localhost:9001 is given to two tasks']),
+    (['--job_name=worker', '--task_index=2'] + CLUSTER,
+     ['--task_index=2', 'only 2 worker task(s)']),
+    (['--job_name=chief'] + CLUSTER, ['--job_name']),
+    ([] + CLUSTER, ['--job_name']),
+    (['--job_name=worker', '--batch_size=0'] + CLUSTER, ['batch_size']),
+    (['--job_name=worker', '--epochs=-1'] + CLUSTER, ['epochs']),
+    (['--job_name=worker', '--learning_rate=0'] + CLUSTER,
+     ['learning_rate', 'must be positive']),
+    (['--job_name=worker', '--task_index=x'] + CLUSTER, ['task_index']),
+]
 
 
-@pytest.mark.parametrize('distribution, placement', [
-    ('block', ['a', 'a', 'a', 'a', 'a', 'b', 'c', 'd']),
-    # Measured on Slurm 22.05: srun -N4 -n8 -m cyclic gave 5,1(x3).
-    ('cyclic', ['a', 'b', 'c', 'd', 'a', 'a', 'a', 'a']),
-])
-def test_slurm_placement(distribution, placement):
-    assert cluster_utils.slurm_placement(
-        ['a', 'b', 'c', 'd'], cluster_utils.expand_tasks_per_node('5,1(x3)'),
-        distribution) == placement
+@pytest.mark.slow
+def test_usage_errors(procs):
+    # A process for each, all at once.
+    bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + args,
+                       'bad%d' % n)
+           for n, (args, _) in enumerate(USAGE_ERRORS)]
+    procs.wait_all(bad, 60)
+    for proc, (args, words) in zip(bad, USAGE_ERRORS):
+        assert_one_error_line(procs, proc, 2, *words)
 
 
-def test_slurm_placement_refuses_what_it_cannot_map():
-    with pytest.raises(ValueError, match='distribution arbitrary'):
-        cluster_utils.slurm_placement(['a'], [1], 'arbitrary')
+def break_truncate(path):
+    data = open(path, 'rb').read()
+    open(path, 'wb').write(data[:len(data) // 3])
 
 
-@pytest.mark.parametrize('message, line', [
-    ('/x/model.ckpt.index; No space left on device',
-     '/x/model.ckpt.index; No space left on device'),
-    ("Graph execution error:\n\nDetected at node 'save/SaveV2' defined at "
-     "(most recent call last):\n    File \"<stdin>\", line 4\nNode: "
-     "'save/SaveV2'\n/x/model.ckpt.data; No space left on device\n"
-     "\t [[{{node save/SaveV2}}]]", '/x/model.ckpt.data; No space left on '
-                                    'device'),
-])
-def test_what_went_wrong(message, line):
-    assert cluster_utils.what_went_wrong(RuntimeError(message)) == line
+def break_corrupt(path):
+    data = bytearray(open(path, 'rb').read())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    open(path, 'wb').write(bytes(data))
 
 
-# As a worker of a sync run with 2 ps saw ps 1 killed: a live ps that passed
-# the error on comes first.
-LOST_PS_1 = (
-    'Graph execution error:\n\n=====================\nUNAVAILABLE: From '
-    '/job:ps/replica:0/task:0:\nrecvmsg:Connection reset by peer\n'
-    'Additional GRPC error information from remote target '
-    '/job:ps/replica:0/task:1 while calling '
-    '/tensorflow.WorkerService/RecvTensor:\n:UNKNOWN:Error received from '
-    'peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}')
+DATA_ERRORS = [
+    (os.remove, [], ['t10k-labels-idx1-ubyte.gz']),
+    (break_truncate, [], ['t10k-labels-idx1-ubyte.gz', 'corrupt']),
+    (break_corrupt, [], ['t10k-labels-idx1-ubyte.gz', 'corrupt']),
+    (None, ['--validation_size=2000'],
+     ['1100 training images', '--validation_size=2000']),
+]
 
 
-@pytest.mark.parametrize('missing, line', [
-    ((), 'lost the connection to /job:ps/task:1 (b:2)'),
-    ({1}, 'lost the connection to /job:ps/task:1 (b:2)'),
-    ({0}, 'lost the connection to /job:ps/task:0 (a:1)'),
-])
-def test_lost_connection(missing, line):
-    cluster = tf.train.ClusterSpec({'ps': ['a:1', 'b:2'], 'worker': ['c:3']})
-    error = tf.errors.UnavailableError(None, None, LOST_PS_1)
-    assert cluster_utils.lost_connection(cluster, error, missing) == line
+@pytest.mark.slow
+def test_data_errors(procs, free_ports, small_data, tmp_path):
+    # A chief for each, all at once.
+    chiefs = []
+    for n, (damage, flags, _) in enumerate(DATA_ERRORS):
+        data = shutil.copytree(small_data, str(tmp_path / ('data%d' % n)))
+        if damage:
+            damage(os.path.join(data, 't10k-labels-idx1-ubyte.gz'))
+        ports = free_ports(2)
+        chiefs.append(procs.script('async', 'worker', 0, ports[:1],
+                                   ports[1:], '--data_dir=' + data,
+                                   *SHORT_RUN, *flags, name='data%d' % n))
+    procs.wait_all(chiefs, 60)
+    for chief, (_, _, words) in zip(chiefs, DATA_ERRORS):
+        assert_one_error_line(procs, chief, 1, *words)
 
 
-def test_lost_connection_never_names_the_task_that_prints_it(monkeypatch):
-    # A sync worker's run that its own server failed, the ps frozen.
-    cluster = tf.train.ClusterSpec({'ps': ['a:1'], 'worker': ['c:3', 'd:4']})
-    error = tf.errors.UnavailableError(None, None, (
-        'Additional GRPC error information from remote target '
-        '/job:worker/replica:0/task:1 while calling /tensorflow.'
-        'WorkerService/RunGraph: Deadline Exceeded'))
-    monkeypatch.setattr(cluster_utils.FLAGS['job_name'], 'value', 'worker')
-    monkeypatch.setattr(cluster_utils.FLAGS['task_index'], 'value', 1)
-    assert cluster_utils.lost_connection(cluster, error) == (
-        'lost the connection to a ps task (a:1)')
-    assert cluster_utils.lost_connection(cluster, error, {0}) == (
-        'lost the connection to /job:ps/task:0 (a:1)')
+@pytest.mark.slow
+def test_shard_data(procs, free_ports, small_data):
+    # 1,000 training images: each of 3 workers walks its own 334 or 333,
+    # 3 batches of 100 an epoch.
+    ps, workers = procs.cluster('async', free_ports, '--data_dir=' + small_data,
+                                '--validation_size=100', '--epochs=3',
+                                '--shard_data', '--print_every_epochs=1')
+    procs.wait_all(workers + [ps], 120)
+    for i, worker in enumerate(workers):
+        output = assert_clean_exit(procs, worker, 0)
+        local_steps = re.findall(r'^worker=%d,epoch=\d+,global_step=\d+, '
+                                 r'local_step=(\d+),' % i, output, re.M)
+        assert local_steps == ['3', '6', '9']

@@ -1,17 +1,17 @@
-"""--logdir: TensorBoard events, checkpoints, resuming, a restarted chief,
-and the comparison of an async with a sync run."""
+"""The chief's --logdir (ps_cluster/logdir.py): TensorBoard events,
+checkpoints, resuming, a restarted chief, a full or unwritable logdir."""
 
 import glob
 import os
 import re
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from conftest import final_accuracies, left_running
-from test_failures import assert_clean_exit
+from conftest import (SCRIPTS, SHORT_RUN, assert_clean_exit,
+                      assert_one_error_line, final_accuracies, listening)
+from launcher.compare import TIMING
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -19,9 +19,6 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 pytestmark = pytest.mark.slow  # not in the fast tier
 
 STARTING = re.compile(r'^worker=(\d+), starting at global_step=(\d+)$', re.M)
-TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
-                    r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
-                    re.M)
 
 
 def events(logdir):
@@ -32,9 +29,6 @@ def events(logdir):
             for value in event.summary.value:
                 tags.setdefault(value.tag, []).append(event.step)
     return tags
-
-
-SCRIPTS = ('async', 'sync')
 
 
 def run(procs, free_ports, runs, timeout=120):
@@ -157,36 +151,6 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     assert steps == sorted(steps) and len(steps) == 150
 
 
-def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
-    import matplotlib.image
-    run_dir = tmp_path / 'run'
-    launcher = procs.start(
-        ['env', 'PYTHON=' + sys.executable, './launch_local.sh', '-H', '-b',
-         str(free_port_run(4)), '-o', str(run_dir), 'compare',
-         '--data_dir=' + small_data, '--validation_size=100', '--epochs=6',
-         '--print_every_epochs=2', '--learning_rate=0.5'], 'launcher')
-    procs.wait_all([launcher], 240)
-    output = assert_clean_exit(procs, launcher, 0)
-    assert left_running(launcher) == []
-    rows = re.findall(r'^\| (\d|all) \| (.*) \|$', output, re.M)
-    assert [name for name, _ in rows] == ['0', '1', '2', 'all']
-    table = {name: cells.split(' | ') for name, cells in rows}
-    for cells in table.values():
-        assert len(cells) == 8
-        assert float(cells[0]) > 0.9 and float(cells[4]) > 0.9  # accuracy
-    # A sync worker that starts late may find the run done: 0 steps/s.
-    assert float(table['all'][3]) > 0 and float(table['all'][7]) > 0
-    # The table says what each worker's log says.
-    for column, mode in ((0, 'async'), (4, 'sync')):
-        for w in range(3):
-            log = (run_dir / mode / ('worker%d.log' % w)).read_text()
-            assert table[str(w)][column] == '%.4f' % final_accuracies(log)[w]
-            assert table[str(w)][column + 1] == TIMING.findall(log)[0][2]
-        assert os.path.exists(run_dir / mode / 'logdir' / 'checkpoint')
-    image = matplotlib.image.imread(str(run_dir / 'comparison.png'))
-    assert image.shape[0] > 300 and image.shape[1] > 300
-
-
 def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
                                                     small_data, tmp_path):
     # A file system that fills up after the first checkpoint or so, for each
@@ -219,3 +183,18 @@ def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
                             r'on$' % re.escape(str(logdir)),
                             outputs[script][0], re.M)
         assert failed, outputs[script][0]
+
+
+def test_unwritable_logdir(procs, free_ports, small_data, tmp_path):
+    not_a_dir = tmp_path / 'file'
+    not_a_dir.write_text('')
+    ports = free_ports(2)
+    chief = procs.script('async', 'worker', 0, ports[:1], ports[1:],
+                         '--data_dir=' + small_data,
+                         '--logdir=%s' % (not_a_dir / 'logdir'), *SHORT_RUN)
+    procs.wait_all([chief], 60)
+    assert_one_error_line(procs, chief, 2,
+                          '--logdir=%s' % (not_a_dir / 'logdir'),
+                          'cannot write there')
+    # It never joined the cluster.
+    assert not listening(ports[1])

@@ -4,8 +4,7 @@ What pip would install on Python 3.7 is asked of pip itself, with the
 environment markers evaluated here for 3.7 (pip evaluates them for the
 Python it runs on, even with --python-version). Proven here: that the
 protobuf pip picks there loads TensorFlow 1.15.5's generated code, and that
-every tf. name of the scripts, cluster_utils.py, liveness.py and
-training_session.py exists in
+every tf. name of the scripts, cluster_utils.py and ps_cluster/ exists in
 1.15.5's tf.compat.v1. Not proven: that the scripts run on 1.15 (that needs
 Python 3.7). Reads TensorFlow 1.15.5's wheel (about 110 MB, its Python tree
 is the same as tensorflow-gpu's); skips, saying why, where PyPI cannot be
@@ -31,8 +30,10 @@ PY37 = {'python_version': '3.7', 'python_full_version': '3.7.17'}
 FOR_PY37 = ['--python-version', '3.7', '--only-binary=:all:',
             '--platform', 'manylinux2014_x86_64',
             '--platform', 'manylinux2010_x86_64']
-TF_USERS = ['mnist_dist_async.py', 'mnist_dist_sync.py', 'cluster_utils.py',
-            'liveness.py', 'training_session.py']
+TF_USERS = (['mnist_dist_async.py', 'mnist_dist_sync.py', 'cluster_utils.py']
+            + [os.path.join('ps_cluster', name) for name in sorted(
+                os.listdir(os.path.join(REPO, 'ps_cluster')))
+               if name.endswith('.py')])
 API = 'tensorflow_core/_api/v1/compat/v1/'
 
 

@@ -1,6 +1,6 @@
 """What the cluster's liveness costs as the number of workers grows.
 
-    python bench_scale.py --data_dir=/usr/share/datasets/fashion-mnist
+    python -m bench.bench_scale --data_dir=/usr/share/datasets/fashion-mnist
 
 For 1 ps + N workers of mnist_dist_async.py (--workers), once every worker
 trains, over --seconds it measures:
@@ -9,7 +9,7 @@ trains, over --seconds it measures:
     (it runs itself again inside one, `unshare --user --net`, as
     launch_local.sh does);
   - heartbeats a worker a second, from the counters on the ps that the
-    heartbeats add to (liveness.py), read by a session of its own; each is
+    heartbeats add to (ps_cluster/liveness.py), read by a session of its own; each is
     one RPC to each ps task, beside one read of the global step.
 It prints a markdown table and writes the figures as JSON to --json.
 """
@@ -22,10 +22,10 @@ import time
 
 from absl import app, flags
 
-import bench  # sets TensorFlow's log level before its import
-import liveness
+from bench import bench  # sets TensorFlow's log level before its import
 import tensorflow.compat.v1 as tf
-from bench import FLAGS, Task, free_ports
+from bench.bench import FLAGS, Task, free_ports
+from ps_cluster import liveness
 
 FLAGS.set_default('workers', ['3', '8', '16'])
 FLAGS.set_default('json', 'bench_scale.json')
@@ -108,7 +108,7 @@ def report(results):
 
 def main(_):
     if os.environ.get(NETNS) != '1':
-        again = [sys.executable, os.path.abspath(sys.argv[0])] + sys.argv[1:]
+        again = [sys.executable, '-m', 'bench.bench_scale'] + sys.argv[1:]
         os.execvpe('unshare', ['unshare', '--user', '--map-root-user',
                                '--net'] + again,
                    dict(os.environ, **{NETNS: '1'}))

@@ -1,6 +1,6 @@
 """Benchmarks the parameter-server cluster against a single process.
 
-    python bench.py --data_dir=/usr/share/datasets/fashion-mnist
+    python -m bench.bench --data_dir=/usr/share/datasets/fashion-mnist
 
 On the same data and flags it measures:
   - the single-process baseline: the same model, batch and optimizer in one
@@ -13,7 +13,7 @@ On the same data and flags it measures:
   - a straggler: one worker slowed by --straggler_delay_ms a step, for async,
     sync, and sync with one backup worker;
   - TF 2.x's ParameterServerStrategy with a ClusterCoordinator
-    (tf2_ps_strategy.py): 1 ps + the most --workers + a coordinator, as
+    (bench/tf2_ps_strategy.py): 1 ps + the most --workers + a coordinator, as
     processes, with each of --tf2_steps_per_function steps per scheduled
     function;
   - the round-trip floor: how many times a second one worker can read a
@@ -46,10 +46,10 @@ import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 import mnist_data  # noqa: E402
-# The data and training flags that bench.py shares with the tasks, with the
+# The data and training flags that the bench shares with the tasks, with the
 # scripts' own defaults.
 import mnist_dist_async  # noqa: E402, F401
-from compare import ACCURACY, TIMING  # noqa: E402
+from launcher.compare import ACCURACY, TIMING  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('workers', ['1', '2', '3'], 'Cluster sizes to measure.')
@@ -68,7 +68,7 @@ flags.DEFINE_list('tf2_steps_per_function', ['1', '10', '50'],
                   'Steps per scheduled function of the TF 2.x strategy.')
 flags.DEFINE_string('json', 'bench.json', 'Where to write the figures.')
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The cluster tasks get the flags that bench.py shares with them.
 SHARED_FLAGS = ['data_dir', 'validation_size', 'learning_rate', 'batch_size',
                 'epochs']
@@ -282,7 +282,7 @@ def run_tf2(num_workers, steps_per_function, timeout=1800):
     workers + the coordinator, each a process of tf2_ps_strategy.py."""
     ports = ['localhost:%d' % p for p in free_ports(2 + num_workers)]
     shared = ['--%s=%s' % (name, FLAGS[name].value) for name in SHARED_FLAGS]
-    command = [sys.executable, 'tf2_ps_strategy.py', '--chief=' + ports[0],
+    command = [sys.executable, '-m', 'bench.tf2_ps_strategy', '--chief=' + ports[0],
                '--ps=' + ports[1], '--worker=' + ','.join(ports[2:]),
                '--target_accuracy=%s' % FLAGS.target_accuracy] + shared
     launched = time.time()
@@ -311,7 +311,7 @@ def round_trip_floor(reads=2000):
     """Reads per second of a variable on a ps, by one worker: one gRPC
     round trip each, the floor under any step that needs the ps."""
     ps, worker = ['localhost:%d' % p for p in free_ports(2)]
-    server = Task([sys.executable, 'tf2_ps_strategy.py', '--job_name=ps',
+    server = Task([sys.executable, '-m', 'bench.tf2_ps_strategy', '--job_name=ps',
                    '--ps=' + ps, '--worker=' + worker])
     try:
         cluster = tf.train.ClusterSpec({'ps': [ps], 'worker': [worker]})

@@ -1,5 +1,6 @@
-"""Where the cluster comes from (flags, TF_CONFIG, Slurm), and --shard_data.
-Several ps tasks are in test_liveness.py."""
+"""Where the cluster comes from (ps_cluster/sources.py): host lists,
+TF_CONFIG, Slurm's variables, and what each says when it is wrong. Slurm
+itself runs in test_slurm.py."""
 
 import json
 import re
@@ -8,10 +9,58 @@ import time
 
 import pytest
 
-from conftest import final_accuracies
-from test_failures import assert_clean_exit, assert_one_error_line
+from ps_cluster import sources
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+from conftest import assert_clean_exit, assert_one_error_line, final_accuracies
+
+
+@pytest.mark.parametrize('value, hosts', [
+    ('localhost:9001', ['localhost:9001']),
+    ('a:1, b.example.org:2,10.0.0.3:65535',
+     ['a:1', 'b.example.org:2', '10.0.0.3:65535']),
+    ('[::1]:9001', ['[::1]:9001']),
+])
+def test_parse_host_list(value, hosts):
+    assert sources.parse_host_list(value) == hosts
+
+
+@pytest.mark.parametrize('value', [
+    '', 'localhost', 'localhost:', ':9001', 'localhost:port',
+    'localhost:0', 'localhost:65536', 'a:1,,b:2', 'a:1;b:2'])
+def test_parse_host_list_rejects(value):
+    with pytest.raises(ValueError, match='is not host:port'):
+        sources.parse_host_list(value)
+
+
+@pytest.mark.parametrize('value, hosts', [
+    ('node[9-10,12],gpu01', ['node9', 'node10', 'node12', 'gpu01']),
+    ('n[08-10]-ib', ['n08-ib', 'n09-ib', 'n10-ib']),
+])
+def test_expand_hostlist(value, hosts):
+    assert sources.expand_hostlist(value) == hosts
+
+
+@pytest.mark.parametrize('value', ['', 'node[9-', 'a,,b', 'n[1-2'])
+def test_expand_hostlist_rejects(value):
+    with pytest.raises(ValueError, match='is not a Slurm host list'):
+        sources.expand_hostlist(value)
+
+
+@pytest.mark.parametrize('distribution, placement', [
+    ('block', ['a', 'a', 'a', 'a', 'a', 'b', 'c', 'd']),
+    # Measured on Slurm 22.05: srun -N4 -n8 -m cyclic gave 5,1(x3).
+    ('cyclic', ['a', 'b', 'c', 'd', 'a', 'a', 'a', 'a']),
+])
+def test_slurm_placement(distribution, placement):
+    assert sources.slurm_placement(
+        ['a', 'b', 'c', 'd'], sources.expand_tasks_per_node('5,1(x3)'),
+        distribution) == placement
+
+
+def test_slurm_placement_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match='distribution arbitrary'):
+        sources.slurm_placement(['a'], [1], 'arbitrary')
+
 
 SMALL_RUN = ['--validation_size=100', '--epochs=3', '--learning_rate=0.5']
 
@@ -32,6 +81,7 @@ def run_tasks(procs, script, envs, *flags, timeout=120):
     return [assert_clean_exit(procs, task, 0) for task in tasks]
 
 
+@pytest.mark.slow
 def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
                                                    small_data):
     # Both scripts side by side, the sync one with a backup worker. Workers
@@ -61,6 +111,7 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
                 assert final_accuracies(output)[index] > 0.9
 
 
+@pytest.mark.slow
 def test_cluster_from_slurm(procs, free_port_run, small_data):
     base = free_port_run(4)
     envs = [{'SLURM_PROCID': str(rank), 'SLURM_STEP_ID': '0',
@@ -93,6 +144,7 @@ SOURCE_ERRORS = [
 ]
 
 
+@pytest.mark.slow
 def test_cluster_source_errors(procs):
     # A process for each, all at once.
     bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + flags,
@@ -101,17 +153,3 @@ def test_cluster_source_errors(procs):
     procs.wait_all(bad, 60)
     for proc, (_, _, words) in zip(bad, SOURCE_ERRORS):
         assert_one_error_line(procs, proc, 2, *words)
-
-
-def test_shard_data(procs, free_ports, small_data):
-    # 1,000 training images: each of 3 workers walks its own 334 or 333,
-    # 3 batches of 100 an epoch.
-    ps, workers = procs.cluster('async', free_ports, '--data_dir=' + small_data,
-                                *SMALL_RUN, '--shard_data',
-                                '--print_every_epochs=1')
-    procs.wait_all(workers + [ps], 120)
-    for i, worker in enumerate(workers):
-        output = assert_clean_exit(procs, worker, 0)
-        local_steps = re.findall(r'^worker=%d,epoch=\d+,global_step=\d+, '
-                                 r'local_step=(\d+),' % i, output, re.M)
-        assert local_steps == ['3', '6', '9']

@@ -1,6 +1,6 @@
 """Compares an asynchronous with a synchronous run: one table, one chart.
 
-    python compare.py RUN_DIR
+    python launcher/compare.py RUN_DIR
 
 reads RUN_DIR/async and RUN_DIR/sync as `launch_local.sh compare` leaves them
 (the workers' logs, and the chief's TensorBoard events in MODE/logdir),

@@ -11,8 +11,6 @@ import contextlib
 import threading
 import time
 
-import cluster_utils
-
 
 class StallWatch:
     """Ends this worker once the global step it is told of has not moved:
@@ -21,7 +19,7 @@ class StallWatch:
 
     silent_ps() names the ps tasks that do not answer, silent_workers() the
     workers that do not beat; each may run TensorFlow, and is given a few
-    seconds at most.
+    seconds at most. die(message) ends the worker.
     """
 
     POLL_SECS = 1
@@ -29,8 +27,8 @@ class StallWatch:
     PROBE_SECS = 5
     CALL_SECS = 5
 
-    def __init__(self, secs, ps_secs, silent_ps, silent_workers):
-        self.secs, self.ps_secs = secs, ps_secs
+    def __init__(self, secs, ps_secs, silent_ps, silent_workers, die):
+        self.secs, self.ps_secs, self.die = secs, ps_secs, die
         self.silent_ps, self.silent_workers = silent_ps, silent_workers
         self._lock = threading.Lock()
         self._step, self._moved = None, time.time()
@@ -92,6 +90,5 @@ class StallWatch:
 
     def _end(self, secs, where, why):
         if not self._stopped.is_set():
-            cluster_utils.die('error: training stalled: no new global step '
-                              'for %g s, waiting in %s; %s'
-                              % (secs, where, why))
+            self.die('error: training stalled: no new global step for %g '
+                     's, waiting in %s; %s' % (secs, where, why))

@@ -1,0 +1,104 @@
+"""Reading TensorFlow's errors in a cluster: what went wrong, in one line,
+and which task was lost or misplaced."""
+
+import contextlib
+import re
+
+import tensorflow.compat.v1 as tf
+from tensorflow.python.framework import error_interpolation
+
+# The errors of a run that lost a task: the connection broke, or the task
+# restarted and no longer knows the session.
+LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
+
+
+def what_went_wrong(error):
+    """The line of an error that says what went wrong: its first, or, in
+    TensorFlow 2's 'Graph execution error', the one after the failed op's
+    name."""
+    lines = getattr(error, 'message', str(error)).splitlines()
+    for line, after in zip(lines, lines[1:]):
+        if line.startswith('Node: '):
+            return after
+    return lines[0]
+
+
+def lost_connection(cluster, error, me, missing=()):
+    """'lost the connection to' a ps task of `missing` (found not
+    answering), else to the task that a call in the error failed to reach,
+    else to another task it names, never `me` (job, index), else to the ps
+    tasks."""
+    # The tasks named first may only have passed the error on: with 2 ps, a
+    # live ps whose part of the step failed on the lost one.
+    # Nor is this task lost: a call that this task's own server failed
+    # (the ps behind it frozen) names it as the remote target.
+    def named(prefix):
+        return [(job, int(i)) for job, i in re.findall(
+            prefix + r'/job:(\w+)/replica:\d+/task:(\d+)',
+            error.message if error else '') if (job, int(i)) != me]
+    # Older TF, 1.15 among them, names no remote target.
+    lost = ([('ps', i) for i in sorted(missing)] or named('remote target ')
+            or named(''))
+    if not lost:
+        return 'lost the connection to a ps task (%s)' % ','.join(
+            cluster.job_tasks('ps'))
+    job, index = lost[0]
+    return 'lost the connection to /job:%s/task:%d (%s)' % (
+        job, index, cluster.task_address(job, index))
+
+
+@contextlib.contextmanager
+def exit_if_cluster_lost(cluster, me, end):
+    """Ends this worker with a one-line error when a ps task goes away."""
+    try:
+        yield
+    except LOST as e:
+        end.die('error: ' + lost_connection(cluster, e, me))
+
+
+@contextlib.contextmanager
+def exit_if_misplaced(cluster, end):
+    """Ends this worker with a one-line error when the task that answers at
+    an address of its cluster is not the one the cluster puts there: the
+    tasks were given clusters that differ."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as e:
+        unknown = re.search(r'/job:(\w+)/replica:\d+/task:(\d+)/\S+ unknown '
+                            r'device', e.message)
+        if not unknown:
+            raise
+        job, index = unknown.group(1), int(unknown.group(2))
+        end.fail('cannot place the model on /job:%s/task:%d (%s): another '
+                 'task answers there; give every task the same cluster'
+                 % (job, index, cluster.task_address(job, index)))
+
+
+def parse_errors_in_linear_time():
+    """TensorFlow 2.x parses the message of every error of a session run
+    for node tags with a regex whose time grows faster than the square of
+    the message's length (40,000 characters: 15 s), holding the GIL: a
+    worker whose run failed after a ps restart hung for good in it, and no
+    thread of its own could end it. The same parse, one tag at a time.
+    A TensorFlow whose module differs (1.15's) is left alone."""
+    tag_pattern = re.compile(getattr(error_interpolation, '_TAG_REGEX', ''))
+    if {'type', 'name'} - set(tag_pattern.groupindex) or not hasattr(
+            error_interpolation, '_ParseTag'):
+        return
+    parse_tag = error_interpolation._ParseTag
+
+    def parse_message(message):
+        kept, func_tags, node_tags, pos = [], [], [], 0
+        for match in tag_pattern.finditer(message):
+            tag = parse_tag(match.group('type'), match.group('name'))
+            if tag.type == 'function_node':  # dropped from the message
+                kept.append(message[pos:match.start()])
+                func_tags.append(tag)
+            else:
+                kept.append(message[pos:match.end()])
+                node_tags.append(tag)
+            pos = match.end()
+        kept.append(message[pos:])
+        return ''.join(kept), func_tags, node_tags
+
+    error_interpolation.parse_message = parse_message

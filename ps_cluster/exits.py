@@ -1,0 +1,121 @@
+"""How a task ends: one line and an exit status, at once and from any
+thread, having told the other tasks why when it ends on purpose."""
+
+import os
+import signal
+import sys
+import threading
+
+
+def usage_error(message):
+    """A mistake in how the task was started: one line, status 2."""
+    print('%s: error: %s' % (os.path.basename(sys.argv[0]), message),
+          file=sys.stderr)
+    sys.exit(2)
+
+
+class TaskEnd:
+    """The end of this task, which the first thread to end it owns: a
+    second one waits for good, so that Ctrl-C while a ps tells an error of
+    its own, or its last worker leaving while it tells why it ends, changes
+    neither the line nor the exit status.
+
+    name() is this task's name, /job:worker/task:1, as known when it ends.
+    """
+
+    # How long the last words may take: a ps gives the workers time to read
+    # them.
+    LAST_WORDS_SECS = 6
+
+    def __init__(self, name):
+        self.name = name
+        self._ending = threading.Lock()
+        self._last_words = []
+
+    def before_leaving(self, tell):
+        """tell(reason) will be called when this task ends on purpose: an
+        error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
+        a task it will start again, nor a crash."""
+        self._last_words.append(tell)
+
+    def fail(self, message):
+        """Ends this task with a one-line error and status 1, once it has
+        told the cluster why; from the main thread."""
+        self._end_once()
+        print('%s: error: %s' % (self.name(), message), file=sys.stderr,
+              flush=True)
+        self._say_last_words(str(message))
+        sys.exit(1)
+
+    def die(self, message, status=1, on_purpose=True):
+        """One line on stderr, and the whole task ends at once, from any
+        thread; on purpose, it tells the cluster why first.
+
+        With os._exit: closing a session whose ps is gone, or that another
+        thread is inside, can block for good, and so can the interpreter's
+        own clean-up.
+        """
+        self._end_once()
+        try:
+            print('%s: %s' % (self.name(), message), file=sys.stderr,
+                  flush=True)
+        except OSError:  # nobody reads stderr any more
+            pass
+        if on_purpose:
+            self._say_last_words(message[len('error: '):] if message
+                                 .startswith('error: ') else message)
+        os._exit(status)
+
+    def leave(self):
+        """Ends this task at once, with status 0, once all is said and
+        closed.
+
+        TensorFlow cannot stop its gRPC server, and tearing the interpreter
+        down around it takes a second or more for nothing.
+        """
+        self._end_once()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def on_signals(self):
+        """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line
+        and status 130 or 143, wherever it is, inside sess.run too. Ctrl-C
+        ends it on purpose, and the cluster is told; SIGTERM is what a
+        scheduler sends to a task it may start again, and the cluster waits
+        for it.
+
+        Python runs its handlers in the main thread only, between bytecodes:
+        never while that thread waits in TensorFlow's C++. The signal number
+        that Python's C handler writes to the wakeup pipe, whichever thread
+        the signal reached, is read by a thread of ours at once.
+        """
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: None)  # the pipe's reader acts
+
+        def end():
+            signum = os.read(read_end, 1)[0]
+            self.die('interrupted', 128 + signum,
+                     on_purpose=signum == signal.SIGINT)
+
+        threading.Thread(target=end, daemon=True).start()
+
+    def _end_once(self):
+        if not self._ending.acquire(blocking=False):
+            threading.Event().wait()
+
+    def _say_last_words(self, reason):
+        """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:
+        a frozen ps can block a run of TensorFlow's past its timeout."""
+        def tell_all():
+            for tell in self._last_words:
+                try:
+                    tell(reason)
+                except Exception:  # the other tasks may be gone already
+                    pass
+        thread = threading.Thread(target=tell_all, daemon=True)
+        thread.start()
+        thread.join(self.LAST_WORDS_SECS)

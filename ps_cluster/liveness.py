@@ -1,0 +1,261 @@
+"""Which tasks of the cluster are up and alive: at start-up a worker waits
+for the ps tasks' ports, within a timeout; from then on it beats.
+
+No task connects to another's port to learn whether it lives: every worker
+beats, adding one to its own slot of a counter vector on each ps task, over
+the gRPC channels that training keeps open to the ps tasks anyway, once
+every POLL_SECS. Each ps reads its own vector where it lies, decides who is
+alive, gone or done, and counts each worker's departures (ps_serving.py);
+the workers read ps 0's count to learn that another worker is gone, and
+each ps's farewell to learn why it ended. A worker's cost is one small RPC
+to each ps task per poll, whatever the number of workers.
+
+A worker that ends marks its slot: DONE, or LEFT on an error of its own or
+Ctrl-C. The counters live in a graph of their own, so the Supervisor
+neither saves, initializes nor waits for them.
+"""
+
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors
+
+# The marks of a worker's beats that end it: done, or left on purpose.
+DONE, LEFT = -1, -2
+
+
+def counters(num_workers, ps_tasks):
+    """The counters of each of ps_tasks (their indices): `beats`, one per
+    worker, which DONE or LEFT ends; `departures`, how many times each
+    worker was found gone; and `farewell`, why the ps ends on purpose."""
+    beats, departures, farewells = [], [], []
+    for k in ps_tasks:
+        with tf.device('/job:ps/task:%d' % k):
+            beats.append(tf.Variable(tf.zeros([num_workers], tf.int64),
+                                     name='liveness/beats_%d' % k))
+            departures.append(tf.Variable(tf.zeros([num_workers], tf.int64),
+                                          name='liveness/departures_%d' % k))
+            farewells.append(tf.Variable('', name='liveness/farewell_%d' % k))
+    return beats, departures, farewells
+
+
+# --------------------------------------------- waiting for the other tasks
+
+def answers(address, timeout=2.0):
+    """Whether the TensorFlow server at address answers a call within
+    timeout: a frozen process still accepts connections, so an open port is
+    not enough. Not a session run: one of those can block past its own
+    timeout on a frozen ps. GetStatus's request is an empty message."""
+    with grpc.insecure_channel(address) as channel:
+        get_status = channel.unary_unary(
+            '/tensorflow.WorkerService/GetStatus',
+            request_serializer=lambda _: b'', response_deserializer=len)
+        try:
+            get_status(None, timeout=timeout)
+            return True
+        except grpc.RpcError:
+            return False
+
+
+def is_listening(address, timeout=1.0):
+    host, _, port = address.rpartition(':')
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_tasks(cluster, job, timeout, end):
+    """Blocks until every task of `job` accepts connections: it is up, if
+    perhaps not yet serving (answers() then tells)."""
+    deadline = time.time() + timeout
+    addresses = cluster.job_tasks(job)
+    missing = set(range(len(addresses)))
+    while missing:
+        missing = {i for i in missing if not is_listening(addresses[i])}
+        fail_if_late(job, addresses, missing, deadline, timeout, end)
+        if missing:
+            time.sleep(0.2)
+
+
+def fail_if_late(job, addresses, missing, deadline, timeout, end):
+    """Ends this task, naming the first of the missing tasks of `job`, once
+    the deadline has passed."""
+    if missing and time.time() > deadline:
+        i = min(missing)
+        end.fail('/job:%s/task:%d (%s) did not come up within %g s'
+                 % (job, i, addresses[i], timeout))
+
+
+# ------------------------------------------------------ a worker's beats
+
+class Watchdog(tf.train.LooperThread):
+    """A thread of the Supervisor's that beats for this worker, and reads
+    through the ps tasks what the other tasks do.
+
+    While this worker waits for the model: a chief that came up and went
+    away ends it. While it trains (watch_training): a worker that went away
+    is named once, if worker_gone() says it is gone rather than done; each
+    global step read is told to on_step(step). A ps that ends on purpose,
+    and says why, ends this worker, quoting it. A beat that finds a ps lost
+    stops the Supervisor's threads with the error, and whenever they stop
+    on a lost ps, on_ps_lost() is called: the main thread may wait on a ps
+    that stayed for what they were to give it. Once paused, it only beats.
+    """
+
+    POLL_SECS = 0.5
+    # A run of the Watchdog's waits for a frozen ps ten polls at most.
+    RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
+
+    def __init__(self, sv, server, config, cluster, task_index, end,
+                 startup_timeout, on_step, worker_gone=None,
+                 on_ps_lost=None):
+        super().__init__(sv.coord, self.POLL_SECS)
+        self.sv, self.end, self.me = sv, end, task_index
+        self.on_step, self.worker_gone = on_step, worker_gone
+        self.on_ps_lost = on_ps_lost
+        self.workers = cluster.job_tasks('worker')
+        self.ps_tasks = cluster.job_tasks('ps')
+        self.sess = None
+        self._paused = threading.Event()
+        graph = tf.Graph()
+        with graph.as_default():
+            beats, departures, self.farewells = counters(
+                len(self.workers), range(len(self.ps_tasks)))
+
+            def mark(value):
+                value = tf.constant([value], tf.int64)
+                return tf.group(*[tf.scatter_update(b, [task_index], value)
+                                  for b in beats])
+            one = tf.constant([1], tf.int64)
+            self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
+                                      for b in beats])
+            self.done_op, self.left_op = mark(DONE), mark(LEFT)
+            self.beats, self.departures = beats[0], departures[0]
+            # Summed where it lies: a scalar a poll, not a vector.
+            with tf.device(self.departures.device):
+                self.departed = tf.reduce_sum(self.departures)
+        self.session = tf.Session(server.target, graph=graph, config=config)
+        self.last_departures = self._first_beat(startup_timeout)
+        self.start()
+
+    def watch_training(self, sess):
+        """From now on, this worker trains in sess."""
+        self.sess = sess
+
+    def pause(self):
+        """Only beats from now on: the main thread waits for a lost ps, or
+        closes the session."""
+        self._paused.set()
+
+    def mark_done(self):
+        self._run(self.done_op)
+
+    def say_left(self):
+        """Marks this worker as gone on purpose, on every ps task."""
+        self._run(self.left_op)
+
+    def silent_workers(self):
+        """The other workers whose counters do not move over a second, not
+        counting those that ended."""
+        before = self._run(self.beats)
+        time.sleep(1)
+        after = self._run(self.beats)
+        if before is None or after is None:
+            return []
+        return [self._task(i) for i in np.flatnonzero(
+            (before == after) & (after >= 0)) if i != self.me]
+
+    def _first_beat(self, timeout):
+        """Beats once before this worker waits for the model, so that the
+        ps tasks know it from then on; they may not have set up their
+        counters yet."""
+        deadline = time.time() + timeout
+        while True:
+            try:
+                self.session.run(self.beat_op)
+                return self.session.run(self.departures)
+            except tf.errors.FailedPreconditionError:
+                if time.time() > deadline:
+                    self.end.fail('the ps tasks did not set up their '
+                                  'liveness counters within %g s' % timeout)
+                time.sleep(0.2)
+
+    def _run(self, fetches, session=None):
+        """fetches, run in the liveness session or the given one, or None
+        where a ps cannot answer (the beat says so) or the session is
+        closing."""
+        try:
+            return (session or self.session).run(fetches,
+                                                 options=self.RUN_OPTIONS)
+        except (tf.errors.OpError, RuntimeError):
+            return None
+
+    def run_loop(self):
+        try:
+            _, departed, farewells = self.session.run(
+                [self.beat_op, self.departed, self.farewells],
+                options=self.RUN_OPTIONS)
+        except errors.LOST as e:
+            # A lost ps: the Supervisor's threads stop with it, and the
+            # main thread recovers.
+            if not self._paused.is_set():
+                self.sv.coord.request_stop(e)
+            return
+        except (tf.errors.OpError, RuntimeError):  # a frozen ps
+            return
+        for k, reason in enumerate(farewells):
+            if reason:
+                self.end.die(
+                    'error: lost the connection to /job:ps/task:%d (%s), '
+                    'which ended: "%s"' % (k, self.ps_tasks[k],
+                                           reason.decode()))
+        if self._paused.is_set():
+            return
+        if departed != self.last_departures.sum():
+            self._someone_departed()
+        if self.sess is not None:
+            step = self._run(self.sv.global_step, self.sess)
+            if step is not None:
+                self.on_step(step)
+
+    def stop_loop(self):
+        try:
+            self.sv.coord.raise_requested_exception()
+        except errors.LOST:
+            if (self.on_ps_lost and self.sess is not None
+                    and not self._paused.is_set()):
+                self.on_ps_lost()
+        except Exception:  # a thread failed: the main thread says why
+            pass
+
+    def _someone_departed(self):
+        departures = self._run(self.departures)
+        if departures is None:
+            return
+        for i in np.flatnonzero(departures > self.last_departures):
+            if i == self.me:
+                continue
+            if self.sess is None and i == 0:
+                self.end.die('error: the chief, /job:worker/task:0 (%s), '
+                             'went away before the model was ready'
+                             % self.workers[0])
+            if self.sess is not None and self._is_gone():
+                print('worker=%d: %s is gone; training goes on without it'
+                      % (self.me, self._task(i)), flush=True)
+        self.last_departures = departures
+
+    def _is_gone(self):
+        try:
+            return self.worker_gone is not None and self.worker_gone()
+        except (tf.errors.OpError, RuntimeError):  # a ps cannot answer
+            return False
+
+    def _task(self, i):
+        return '/job:worker/task:%d (%s)' % (i, self.workers[i])

@@ -1,0 +1,57 @@
+"""The chief's --logdir: checked before it joins the cluster, and a write
+that fails there later (a full or broken file system) costs the chief its
+checkpoints or summaries, with one line, not its run."""
+
+import os
+import sys
+import threading
+
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors, exits
+
+
+class Logdir:
+    """Where the chief writes checkpoints and summaries, and what a failed
+    write there says; task_name names the chief in its lines."""
+
+    def __init__(self, path, task_name):
+        self.path, self.task_name = path, task_name
+
+    def check(self):
+        """It must be a directory, or be creatable, and take a file; else a
+        usage error. A write that fails later, in TensorFlow's summary
+        thread, is one line."""
+        probe = os.path.join(self.path, '.writable')
+        try:
+            tf.io.gfile.makedirs(self.path)
+            with tf.io.gfile.GFile(probe, 'w') as f:
+                f.write('')
+            tf.io.gfile.remove(probe)
+        except tf.errors.OpError as e:
+            exits.usage_error('--logdir=%s: cannot write there (%s)'
+                              % (self.path, errors.what_went_wrong(e)))
+        threading.excepthook = self._summary_writer_failed
+
+    def save_checkpoint(self, sv, sess):
+        """The chief's checkpoint; one that fails is one line, and training
+        goes on."""
+        try:
+            sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+        except errors.LOST:
+            pass  # a lost ps, which the main thread waits for
+        except tf.errors.OpError as e:
+            self.failed('save a checkpoint', e)
+
+    def failed(self, what, error):
+        print('%s: error: cannot %s in --logdir=%s (%s); training goes on'
+              % (self.task_name, what, self.path,
+                 errors.what_went_wrong(error)), file=sys.stderr, flush=True)
+
+    def _summary_writer_failed(self, args):
+        """The thread of TensorFlow's that writes the summaries ends at the
+        first write that fails: one line instead of its traceback; then
+        TrainingLog writes no more."""
+        if type(args.thread).__name__ != '_EventLoggerThread':
+            return threading.__excepthook__(args)
+        self.failed('write summaries', args.exc_value)

@@ -1,0 +1,245 @@
+"""The session a worker trains in, and how it outlives a lost ps task.
+
+A worker opens it once the ps tasks answer (session_start.py says where the
+model comes from). A worker that loses a ps task calls it again until it
+answers, within ps_timeout, and trains on in a new session opened the same
+way. Training that makes no step for stall_timeout, or for ps_timeout while
+a ps does not answer, ends the worker whatever it waits in
+(stall_watch.py).
+"""
+
+import contextlib
+import threading
+import time
+
+from ps_cluster import errors, liveness, session_start, stall_watch
+
+
+class RecoverableSession:
+    """The session a worker trains in: the Supervisor's, once the ps tasks
+    and the chief are up, with a Watchdog on the other tasks; and again, as
+    at start-up, after a ps task was lost and came back.
+
+    Only the main thread runs in it. When a run, or a thread of the
+    Supervisor's, loses a ps task, run() waits up to ps_timeout for every ps
+    task to answer at its address again, stops the Supervisor's threads, and
+    opens a new session; then the failed run is run again. A thread may find
+    the ps lost first, while the main thread waits on a ps that stayed for
+    what the stopped threads were to give it (sync's token): this worker's
+    `tokens` free it, and its next run recovers.
+
+    The chief saves checkpoints in `logdir` (a Logdir) every
+    save_checkpoint_secs, in a loop of the Supervisor's that outlives a
+    failed save (the Supervisor's own would stop every thread of the chief).
+    """
+
+    # How long the Supervisor's threads may take to stop, before the worker
+    # goes on without them.
+    STOP_SECS = 10
+
+    def __init__(self, sv, server, cluster, config, task_index, end, *,
+                 startup_timeout, ps_timeout, stall_timeout,
+                 save_checkpoint_secs, logdir=None, tokens=None):
+        self.sv, self.server, self.cluster = sv, server, cluster
+        self.config, self.me, self.end = config, task_index, end
+        self.startup_timeout, self.ps_timeout = startup_timeout, ps_timeout
+        self.save_checkpoint_secs = save_checkpoint_secs
+        self.logdir, self.tokens = logdir, tokens
+        self.starts = []
+        self.watchdog = self.stall = None
+        self._recovering = threading.Event()
+        self._freeing = None  # a thread that frees the main thread
+        errors.parse_errors_in_linear_time()
+        # Ending on purpose, this worker tells the ps tasks it left.
+        end.before_leaving(
+            lambda _: self.watchdog and self.watchdog.say_left())
+        liveness.wait_for_tasks(cluster, 'ps', startup_timeout, end)
+        with errors.exit_if_cluster_lost(cluster, ('worker', self.me), end), \
+                self._ending_if_ps_away(startup_timeout):
+            self._open()
+        self.stall = stall_watch.StallWatch(
+            stall_timeout, ps_timeout, self._silent_ps,
+            lambda: self.watchdog.silent_workers(), end.die)
+
+    def run(self, fetches, feed_dict=None):
+        return self._recovering_from_lost_ps(
+            lambda session: session.run(fetches, feed_dict))
+
+    def on_each_session(self, start):
+        """Calls start(session) now, and in each new session: for threads of
+        the Supervisor's that run in it, such as the sync chief's updates."""
+        self._recovering_from_lost_ps(start)
+        self.starts.append(start)
+
+    def close(self):
+        """Ends this worker's session and the Supervisor's threads, and
+        marks this worker done.
+
+        The threads are told to stop first; closing the session then
+        cancels what they are blocked in, such as the sync chief's wait for
+        gradients that no worker will send any more; only then can they be
+        joined. Done only once the session is closed: closing still needs
+        the ps tasks, which may leave once every worker is done.
+        """
+        with self.stall.waiting_in('the end of the session'):
+            if self.logdir:  # the chief: a last checkpoint
+                self.logdir.save_checkpoint(self.sv, self.session)
+            self.watchdog.pause()
+            self.sv.request_stop()
+            # A thread that failed leaves the session to the error's end.
+            failed = self._thread_error() is not None
+            if not failed:
+                self.session.close()
+            self.sv.stop(close_summary_writer=False)
+            if self.sv.summary_writer:
+                try:
+                    self.sv.summary_writer.close()
+                except RuntimeError:  # its thread failed, and said so
+                    pass
+            if not failed:
+                self.watchdog.mark_done()
+        self.stall.stop()
+
+    def _recovering_from_lost_ps(self, call):
+        while True:
+            try:
+                error = self._thread_error()
+                if isinstance(error, errors.LOST):
+                    raise error
+                return call(self.session)
+            except errors.LOST as e:
+                self._recover(e)
+
+    def _thread_error(self):
+        """The error a thread of the Supervisor's stopped on, if any."""
+        if not self.sv.coord.should_stop():
+            return None
+        try:
+            self.sv.coord.raise_requested_exception()
+        except Exception as e:
+            return e
+        return None
+
+    def _ps_lost_by_a_thread(self):
+        """The Watchdog's: the Supervisor's threads stopped on a lost ps
+        while the main thread may wait for a token on a ps that stayed.
+        Each poll again until the main thread is out: the call may meet the
+        broken connection, and another worker may take what it gives."""
+        def free():
+            while not self._recovering.is_set():
+                try:
+                    self.tokens.free_a_waiting_worker(self.session)
+                except Exception:  # a ps cannot answer, or it is closing
+                    pass
+                time.sleep(liveness.Watchdog.POLL_SECS)
+        if self.tokens:
+            self._freeing = threading.Thread(target=free, daemon=True)
+            self._freeing.start()
+
+    def _recover(self, error):
+        """Waits for every ps task to answer, and opens a new session; or,
+        after ps_timeout, ends this worker naming the ps task it lost."""
+        self._recovering.set()
+        self.watchdog.pause()
+        self.sv.coord.request_stop(error)
+        deadline = time.time() + self.ps_timeout
+        print('worker=%d: %s; waiting up to %g s for it' % (
+            self.me, errors.lost_connection(
+                self.cluster, error, ('worker', self.me), self._missing_ps()),
+            self.ps_timeout), flush=True)
+        with self._ending_if_ps_away(self.ps_timeout, error), \
+                self.stall.waiting_in('the wait for a lost ps',
+                                      watch_ps=False):
+            while True:
+                missing = self._missing_ps()
+                if not missing:
+                    try:
+                        self._reopen(error)
+                        return
+                    except errors.LOST as e:
+                        error = e
+                if time.time() > deadline:
+                    self._give_up(error, missing)
+                time.sleep(0.5)
+
+    def _missing_ps(self):
+        """The ps tasks that do not answer at their address."""
+        return {i for i, address in enumerate(self.cluster.job_tasks('ps'))
+                if not liveness.answers(address)}
+
+    def _silent_ps(self):
+        return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address('ps', i))
+                for i in sorted(self._missing_ps())]
+
+    def _on_step(self, step):
+        if self.stall:
+            self.stall.step(step)
+
+    @contextlib.contextmanager
+    def _ending_if_ps_away(self, secs, error=None):
+        """Ends this worker, naming the lost ps task, if a ps task does not
+        answer at a deadline, every `secs`, until the block is done."""
+        # Opening a session waits in TensorFlow, with no timeout, for a ps
+        # that went away after a probe found it listening.
+        done = threading.Event()
+
+        def end_if_ps_away():
+            while not done.wait(secs):
+                missing = self._missing_ps()
+                if missing and not done.is_set():
+                    self._give_up(error, missing)
+
+        threading.Thread(target=end_if_ps_away, daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _give_up(self, error, missing):
+        self.end.die('error: ' + errors.lost_connection(
+            self.cluster, error, ('worker', self.me), missing))
+
+    def _reopen(self, error):
+        self._stop_threads(error)
+        self._open(again=True)
+        step = self.session.run(self.sv.global_step)
+        print('worker=%d: resuming at global_step=%d' % (self.me, step),
+              flush=True)
+        for start in self.starts:
+            start(self.session)
+
+    def _stop_threads(self, error):
+        """Stops the Supervisor's threads, the Watchdog among them, with the
+        error, and closes the session they ran in."""
+        self.sv.coord.request_stop(error)
+        self.watchdog.join(self.STOP_SECS)
+        if self._freeing:  # it runs in the session
+            self._freeing.join(self.STOP_SECS)
+        # Closing cancels what they wait for; it may wait on a lost ps.
+        threading.Thread(target=self.session.close, daemon=True).start()
+        try:
+            self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,
+                               ignore_live_threads=True)
+        except Exception:  # the error they stopped on
+            pass
+        self.sv.coord.clear_stop()
+
+    def _open(self, again=False):
+        sv = self.sv
+        with errors.exit_if_misplaced(self.cluster, self.end):
+            self.watchdog = liveness.Watchdog(
+                sv, self.server, self.config, self.cluster, self.me,
+                self.end, self.startup_timeout, self._on_step,
+                worker_gone=self.tokens and (
+                    lambda: self.tokens.worker_gone(self.session)),
+                on_ps_lost=self._ps_lost_by_a_thread)
+            sess = session_start.open_session(
+                sv, self.server.target, self.config, self.cluster,
+                self.logdir and self.logdir.path, self.startup_timeout,
+                self.end, again)
+        if self.logdir:  # the chief
+            sv.loop(self.save_checkpoint_secs, self.logdir.save_checkpoint,
+                    args=(sv, sess))
+        self.session = sess
+        self._recovering.clear()
+        self.watchdog.watch_training(sess)

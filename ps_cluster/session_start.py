@@ -1,0 +1,57 @@
+"""Where a worker's model comes from when it opens a training session: the
+chief joins the model live on the ps tasks, restores it from the last
+checkpoint in --logdir, or initializes it, and says which; the others wait
+for it."""
+
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors
+
+
+def open_session(sv, target, config, cluster, logdir, timeout, end,
+                 again=False):
+    """The Supervisor's session, within timeout. The chief joins the model
+    if the ps tasks hold it (a ps that never left, while the chief was
+    away): newer than any checkpoint, and what Supervisor would otherwise
+    initialize again under the workers."""
+    if sv.is_chief and model_is_live(sv, target, config):
+        sess = sv.session_manager.prepare_session(target, config=config)
+        sv.start_standard_services(sess)
+        print('worker=0: joined the live model on the ps at global_step=%d'
+              % sess.run(sv.global_step), flush=True)
+        return sess
+    checkpoint = sv.is_chief and logdir and tf.train.latest_checkpoint(logdir)
+    try:
+        sess = sv.prepare_or_wait_for_session(target, config=config,
+                                              max_wait_secs=timeout)
+    except tf.errors.DeadlineExceededError:
+        end.fail('the chief, /job:worker/task:0 (%s), did not initialize the '
+                 'model within %g s' % (cluster.task_address('worker', 0),
+                                        timeout))
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
+            tf.errors.NotFoundError) as e:
+        if not checkpoint:
+            raise
+        end.fail('cannot restore the checkpoint %s (%s): move it away, or '
+                 'choose another --logdir'
+                 % (checkpoint, errors.what_went_wrong(e)))
+    if checkpoint:
+        print('worker=0: restored the model from %s' % checkpoint, flush=True)
+    elif sv.is_chief and again:
+        print('worker=0: initialized the model again: %s' % (
+            'no checkpoint in --logdir yet' if logdir
+            else 'without --logdir there is no checkpoint to restore'),
+            flush=True)
+    elif sv.is_chief:
+        print('worker=0: initialized the model', flush=True)
+    return sess
+
+
+def model_is_live(sv, target, config):
+    """Whether the ps tasks hold every shared variable initialized already.
+
+    Supervisor's ready_op names the uninitialized variables, this worker's
+    own local ones among them."""
+    with tf.Session(target, config=config) as probe:
+        uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
+    return not uninitialized & {v.op.name for v in tf.global_variables()}

@@ -1,0 +1,66 @@
+"""What a worker reports beyond the book's lines: where it starts, its pace
+every few seconds and its totals at the end; and, with a --logdir, the
+chief's summaries for TensorBoard."""
+
+import time
+
+import tensorflow.compat.v1 as tf
+
+
+class TrainingLog:
+    """accuracy_on(split) is the model's accuracy on a split of `mnist`;
+    the summaries go to the Supervisor's writer, the chief's."""
+
+    SUMMARY_EVERY_STEPS = 50
+    PROGRESS_EVERY_SECS = 10
+
+    def __init__(self, sv, sess, global_step, task_index, accuracy_on,
+                 mnist):
+        self.sv, self.sess, self.me = sv, sess, task_index
+        self.accuracy_on, self.mnist = accuracy_on, mnist
+        self.writing = sv.summary_writer is not None
+        self.started = self.last_progress = time.time()
+        self.local_step = 0
+        print('worker=%d, starting at global_step=%d'
+              % (task_index, global_step), flush=True)
+
+    def step(self, global_step, local_step, loss):
+        """After each session.run, however many steps it made."""
+        every = self.SUMMARY_EVERY_STEPS
+        if self.writing and local_step // every > self.local_step // every:
+            self._summary(global_step, loss=loss)
+        self.local_step = local_step
+        if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
+            self.last_progress = time.time()
+            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
+                  % (self.me, global_step, local_step,
+                     local_step / (self.last_progress - self.started)),
+                  flush=True)
+
+    def accuracies(self, global_step):
+        """Beside the book's epoch line: the chief's validation and test
+        accuracy, for TensorBoard."""
+        if self.writing:
+            self._summary(
+                global_step,
+                validation_accuracy=self.accuracy_on(self.mnist.validation),
+                test_accuracy=self.accuracy_on(self.mnist.test))
+
+    def final(self, global_step, accuracy):
+        """How long and fast this worker trained, after its final test
+        accuracy."""
+        seconds = time.time() - self.started
+        print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
+              'steps_per_sec=%.1f' % (self.me, self.local_step, global_step,
+                                      seconds, self.local_step / seconds),
+              flush=True)
+        if self.writing:
+            self._summary(global_step, test_accuracy=accuracy)
+
+    def _summary(self, global_step, **values):
+        try:
+            self.sv.summary_computed(self.sess, tf.Summary(value=[
+                tf.Summary.Value(tag=tag, simple_value=value)
+                for tag, value in values.items()]), global_step=global_step)
+        except RuntimeError:  # its writer's thread failed, and said so
+            self.writing = False

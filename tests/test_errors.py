@@ -1,0 +1,79 @@
+"""Reading TensorFlow's errors (ps_cluster/errors.py): the line that says
+what went wrong, the task that was lost, and a parse of error messages in
+linear time."""
+
+import time
+
+import pytest
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors
+
+
+
+@pytest.mark.parametrize('message, line', [
+    ('/x/model.ckpt.index; No space left on device',
+     '/x/model.ckpt.index; No space left on device'),
+    ("Graph execution error:\n\nDetected at node 'save/SaveV2' defined at "
+     "(most recent call last):\n    File \"<stdin>\", line 4\nNode: "
+     "'save/SaveV2'\n/x/model.ckpt.data; No space left on device\n"
+     "\t [[{{node save/SaveV2}}]]", '/x/model.ckpt.data; No space left on '
+                                    'device'),
+])
+def test_what_went_wrong(message, line):
+    assert errors.what_went_wrong(RuntimeError(message)) == line
+
+
+# As a worker of a sync run with 2 ps saw ps 1 killed: a live ps that passed
+# the error on comes first.
+LOST_PS_1 = (
+    'Graph execution error:\n\n=====================\nUNAVAILABLE: From '
+    '/job:ps/replica:0/task:0:\nrecvmsg:Connection reset by peer\n'
+    'Additional GRPC error information from remote target '
+    '/job:ps/replica:0/task:1 while calling '
+    '/tensorflow.WorkerService/RecvTensor:\n:UNKNOWN:Error received from '
+    'peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}')
+
+
+@pytest.mark.parametrize('missing, line', [
+    ((), 'lost the connection to /job:ps/task:1 (b:2)'),
+    ({1}, 'lost the connection to /job:ps/task:1 (b:2)'),
+    ({0}, 'lost the connection to /job:ps/task:0 (a:1)'),
+])
+def test_lost_connection(missing, line):
+    cluster = tf.train.ClusterSpec({'ps': ['a:1', 'b:2'], 'worker': ['c:3']})
+    error = tf.errors.UnavailableError(None, None, LOST_PS_1)
+    assert errors.lost_connection(cluster, error, ('worker', 0),
+                                  missing) == line
+
+
+def test_lost_connection_never_names_the_task_that_prints_it():
+    # A sync worker's run that its own server failed, the ps frozen.
+    cluster = tf.train.ClusterSpec({'ps': ['a:1'], 'worker': ['c:3', 'd:4']})
+    error = tf.errors.UnavailableError(None, None, (
+        'Additional GRPC error information from remote target '
+        '/job:worker/replica:0/task:1 while calling /tensorflow.'
+        'WorkerService/RunGraph: Deadline Exceeded'))
+    me = ('worker', 1)
+    assert errors.lost_connection(cluster, error, me) == (
+        'lost the connection to a ps task (a:1)')
+    assert errors.lost_connection(cluster, error, me, {0}) == (
+        'lost the connection to /job:ps/task:0 (a:1)')
+
+
+def test_error_messages_parse_in_linear_time():
+    from tensorflow.python.framework import error_interpolation
+    original = error_interpolation.parse_message
+    messages = ['', 'no tag', 'a {{node x/y}} b {{function_node f}} c',
+                '{{node a}}{{function_node b}}{{node c-1.2}} {{bad tag',
+                '{{node a b}} {{colocation_node n}}']
+    expected = [original(m) for m in messages]
+    try:
+        errors.parse_errors_in_linear_time()
+        parse = error_interpolation.parse_message
+        assert [parse(m) for m in messages] == expected
+        started = time.time()
+        parse('x' * 1000000 + ' {{node n}}')
+        assert time.time() - started < 5  # the original: hours
+    finally:
+        error_interpolation.parse_message = original
