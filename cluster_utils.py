@@ -9,10 +9,12 @@ Importing it only defines flags: the scripts set TensorFlow up themselves.
 
 import os
 
+import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import exits, ps_serving, server, sources
+from ps_cluster import evaluator, exits, ps_serving, server, sources
+from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import Logdir
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.sync_tokens import SyncTokens
@@ -20,7 +22,9 @@ from ps_cluster.training_log import TrainingLog
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'Role of this task.')
+flags.DEFINE_enum('job_name', None, ['ps', 'worker', 'evaluator'],
+                  'Role of this task. An evaluator is no task of the '
+                  'cluster: it follows the chief\'s checkpoints in --logdir.')
 flags.DEFINE_integer('task_index', 0, 'Index of this task within its job.',
                      lower_bound=0)
 flags.DEFINE_string('ps', 'localhost:9001',
@@ -70,7 +74,17 @@ flags.DEFINE_float('worker_timeout', 120,
                    'Seconds a ps waits for workers that fell silent (a '
                    'network cut, a rebooting node) before it leaves a run '
                    'that every other worker has left.')
-for _name in ('stall_timeout', 'startup_timeout', 'ps_timeout',
+flags.DEFINE_string('export_dir', None,
+                    'Where the chief, once training ends, or an evaluator, '
+                    'once it has measured the last checkpoint, writes a '
+                    'SavedModel for serving, in a folder named after the '
+                    'global step (TensorFlow Serving\'s versions).')
+flags.DEFINE_enum('eval_split', 'test', ['test', 'validation'],
+                  'The split an evaluator measures each checkpoint on.')
+flags.DEFINE_float('eval_timeout', 300,
+                   'Seconds an evaluator waits for a new checkpoint before '
+                   'it gives up.')
+for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
               'worker_timeout', 'save_checkpoint_secs'):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
@@ -142,7 +156,17 @@ def cluster_spec():
     except ValueError as e:
         exits.usage_error('%s: %s' % (source, e))
     if FLAGS.job_name is None:
-        exits.usage_error('--job_name is required: ps or worker')
+        exits.usage_error('--job_name is required: ps, worker or evaluator')
+    if FLAGS.job_name == 'evaluator':
+        if not FLAGS.logdir:
+            exits.usage_error('an evaluator follows the checkpoints of '
+                              '--logdir: give it')
+        print('%s: cluster from %s: ps %s, workers %s; this task follows '
+              'its checkpoints' % (_task_name(), source,
+                                   ','.join(cluster.job_tasks('ps')),
+                                   ','.join(cluster.job_tasks('worker'))),
+              flush=True)
+        return cluster
     tasks = cluster.num_tasks(FLAGS.job_name)
     if FLAGS.task_index >= tasks:
         exits.usage_error('--task_index=%d, but %s lists only %d %s task(s)'
@@ -171,7 +195,9 @@ def _take_task(source, cluster, job_name, task_index):
 
 def start_server(cluster):
     """tf.train.Server for this task, once what it will write is known to
-    be writable; one line if its port is taken."""
+    be writable; one line if its port is taken. An evaluator has none."""
+    if FLAGS.job_name == 'evaluator':
+        return None
     if _chief_logdir():
         _chief_logdir().check()
     return server.start(cluster, FLAGS.job_name, FLAGS.task_index,
@@ -234,6 +260,41 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     return TrainingLog(sv, sess, global_step, FLAGS.task_index, accuracy_on,
                        mnist)
+
+
+def evaluate(model, mnist, last_step):
+    """An evaluator's run: each new checkpoint in --logdir, measured on
+    --eval_split, until the one at last_step; then, with --export_dir, its
+    SavedModel. It ends the task."""
+    split = getattr(mnist, FLAGS.eval_split)
+    evaluator.follow(model, split, FLAGS.eval_split, FLAGS.logdir, last_step,
+                     FLAGS.eval_timeout, _end, mnist_data.IMAGE_PIXELS,
+                     on_last=lambda step, values: _export(
+                         model, values, step, mnist.test))
+
+
+def export(sess, model, mnist):
+    """With --export_dir, the chief writes the model as a SavedModel for
+    serving, once every other worker has ended, and says its test accuracy."""
+    if FLAGS.export_dir and FLAGS.job_name == 'worker' and (
+            FLAGS.task_index == 0):
+        sess.wait_for_the_others()
+        variables = tf.trainable_variables() + [tf.train.get_global_step()]
+        values = dict(zip([v.op.name for v in variables],
+                          sess.run(variables)))
+        _export(model, values, values['global_step'], mnist.test)
+
+
+def _export(model, values, step, test):
+    if not FLAGS.export_dir:
+        return
+    path = os.path.join(FLAGS.export_dir, str(step))
+    if tf.io.gfile.exists(path):
+        _end.fail('cannot export the model to %s: it exists' % path)
+    accuracy = export_saved_model(model, values, path, test,
+                                  mnist_data.IMAGE_PIXELS)
+    print('%s: exported the model at global_step=%d to %s; its test '
+          'accuracy = %s' % (_task_name(), step, path, accuracy), flush=True)
 
 
 def leave():

@@ -13,7 +13,7 @@
 # the host's network instead.
 set -u
 
-usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-H] {async|sync|compare} [script flags...]"
+usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-e] [-H] {async|sync|compare} [script flags...]"
 
 usage() {
   echo "$usage_line" >&2
@@ -39,6 +39,8 @@ options:
   -p NUM_PS       ps tasks (default 1)
   -b BASE_PORT    first port: the ps tasks', then the workers' (default 9001)
   -o RUN_DIR      one log per task here (default runs/MODE-DATE-TIME)
+  -e              an evaluator beside the cluster: it measures each of the
+                  chief's checkpoints (--logdir, by default RUN_DIR/logdir)
   -H              on the host's network, not a private network namespace
   -h, --help      this help
 
@@ -54,13 +56,14 @@ EOF
 }
 
 args=("$@")
-num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0
-while getopts 'n:p:b:o:Hh-:' opt; do
+num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0 evaluator=0
+while getopts 'n:p:b:o:eHh-:' opt; do
   case $opt in
     n) num_workers=$OPTARG ;;
     p) num_ps=$OPTARG ;;
     b) base_port=$OPTARG ;;
     o) run_dir=$OPTARG ;;
+    e) evaluator=1 ;;
     H) host_network=1 ;;
     h) print_help ;;
     -) [[ $OPTARG == help ]] && print_help; usage ;;
@@ -117,7 +120,7 @@ if [[ $mode == compare ]]; then
   for m in async sync; do
     # Already in the namespace, or on the host network by choice: -H.
     "$0" -H -n "$num_workers" -p "$num_ps" -b "$base_port" -o "$run_dir/$m" \
-      "$m" --logdir="$run_dir/$m/logdir" "$@" &
+      $( ((evaluator)) && printf '%s' -e) "$m" --logdir="$run_dir/$m/logdir" "$@" &
     child=$!
     wait "$child"
     status=$?
@@ -128,7 +131,7 @@ if [[ $mode == compare ]]; then
   exit $failed
 fi
 
-ps_pids=() worker_pids=()
+ps_pids=() worker_pids=() evaluator_pids=()
 start_task() {  # JOB INDEX [flags...]
   local job=$1 index=$2
   shift 2
@@ -136,12 +139,12 @@ start_task() {  # JOB INDEX [flags...]
   # to the terminal too.
   ( "$python" "$here/mnist_dist_$mode.py" --job_name="$job" --task_index="$index" \
       --ps="$ps_hosts" --worker="$worker_hosts" "$@" 2>&1 \
-      | tee "$run_dir/$job$index.log" | grep --line-buffered -E '^worker=|: error: '
+      | tee "$run_dir/$job$index.log" | grep --line-buffered -E '^(worker=|evaluator:)|: error: '
     exit "${PIPESTATUS[0]}" ) &
 }
 
 stop_all() {
-  local pids=("${ps_pids[@]}" "${worker_pids[@]}") pid
+  local pids=("${ps_pids[@]}" "${worker_pids[@]}" "${evaluator_pids[@]}") pid
   for pid in "${pids[@]}"; do pkill -TERM -P "$pid"; done
   for _ in {1..50}; do
     pgrep -P "$(IFS=,; echo "${pids[*]}")" > /dev/null || break
@@ -152,9 +155,14 @@ stop_all() {
 }
 trap 'echo "$0: interrupted, stopping every task" >&2; stop_all; exit 130' INT TERM
 
-echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts), logs in $run_dir"
+if ((evaluator)); then
+  # The evaluator follows the chief's checkpoints: they need a --logdir.
+  [[ " $* " == *" --logdir="* ]] || set -- "$@" --logdir="$run_dir/logdir"
+fi
+echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts)$( ((evaluator)) && echo ', an evaluator'), logs in $run_dir"
 for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; ps_pids+=($!); done
 for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; worker_pids+=($!); done
+if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
 failed=0
 for ((i = 0; i < num_workers; i++)); do
@@ -175,6 +183,12 @@ for ((i = 0; i < num_ps; i++)); do
   wait "${ps_pids[i]}"
   status=$?
   ((status == 0)) || { failed=1; echo "ps $i: exit $status, see $run_dir/ps$i.log"; }
+done
+
+for pid in "${evaluator_pids[@]}"; do
+  wait "$pid"
+  status=$?
+  ((status == 0)) || { failed=1; echo "evaluator: exit $status, see $run_dir/evaluator0.log"; }
 done
 
 echo "---- $mode, $num_workers workers, logs in $run_dir"

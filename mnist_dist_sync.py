@@ -92,6 +92,9 @@ def main(_):
     # gradients forever. Each update takes a step of every worker.
     last_step = FLAGS.epochs * n_batches  # SYNC:
 
+    if FLAGS.job_name == 'evaluator':  # PS: no task of the cluster: it
+        cluster_utils.evaluate(model, mnist, last_step)  # follows --logdir
+
     # Variables go to the ps tasks, round robin, the computation to this
     # worker: with two ps or more, w, by far the biggest, has one of its own.
     with tf.device(tf.train.replica_device_setter(  # PS:
@@ -189,6 +192,7 @@ def main(_):
     print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
           flush=True)
     log.final(gstep, accuracy)  # PS:
+    cluster_utils.export(sess, model, mnist)  # PS: --export_dir, the chief
     sess.close()  # BOOK: the with block's end; it tells the ps it is done
     cluster_utils.leave()  # PS: at once: TensorFlow cannot stop its server
 

@@ -27,6 +27,9 @@ from ps_cluster import errors
 
 # The marks of a worker's beats that end it: done, or left on purpose.
 DONE, LEFT = -1, -2
+# A worker whose counter has not moved for this long is gone: ten missed
+# beats, so that a busy machine is not taken for a dead worker.
+GONE_SECS = 5
 
 
 def counters(num_workers, ps_tasks):
@@ -156,6 +159,23 @@ class Watchdog(tf.train.LooperThread):
 
     def mark_done(self):
         self._run(self.done_op)
+
+    def wait_for_the_others(self):
+        """Until every other worker has ended, or is gone (no beat for
+        GONE_SECS), or no ps answers: the chief's last checkpoint then holds
+        the run's last step."""
+        heard, last = None, None
+        while True:
+            beats, now = self._run(self.beats), time.time()
+            if beats is None:
+                return
+            if last is None:
+                heard, last = np.full(len(beats), now), beats
+            heard[beats != last], last = now, beats
+            others = np.arange(len(beats)) != self.me
+            if np.all(((beats < 0) | (now - heard > GONE_SECS))[others]):
+                return
+            time.sleep(self.POLL_SECS)
 
     def say_left(self):
         """Marks this worker as gone on purpose, on every ps task."""

@@ -8,9 +8,6 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import liveness
 
-# A worker whose counter has not moved for this long is gone: ten missed
-# beats, so that a busy machine is not taken for a dead worker.
-GONE_SECS = 5
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
 # so that a worker waiting for a chief that never came names it itself.
@@ -63,7 +60,7 @@ def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
         ended = values < 0
         silent = now - heard  # nan: never heard
         newly_gone = ~gone & ((values == liveness.LEFT) |
-                              (~ended & (silent > GONE_SECS)))
+                              (~ended & (silent > liveness.GONE_SECS)))
         if newly_gone.any():
             gone |= newly_gone
             sess.run(depart, {gone_now: np.flatnonzero(newly_gone)})

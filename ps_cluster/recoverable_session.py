@@ -71,6 +71,12 @@ class RecoverableSession:
         self._recovering_from_lost_ps(start)
         self.starts.append(start)
 
+    def wait_for_the_others(self):
+        """Until every other worker has ended or is gone: the model then
+        holds the run's last step."""
+        with self.stall.waiting_in('the wait for the other workers'):
+            self.watchdog.wait_for_the_others()
+
     def close(self):
         """Ends this worker's session and the Supervisor's threads, and
         marks this worker done.
@@ -82,7 +88,8 @@ class RecoverableSession:
         the ps tasks, which may leave once every worker is done.
         """
         with self.stall.waiting_in('the end of the session'):
-            if self.logdir:  # the chief: a last checkpoint
+            if self.logdir:  # the chief: a last checkpoint, of the last step
+                self.watchdog.wait_for_the_others()
                 self.logdir.save_checkpoint(self.sv, self.session)
             self.watchdog.pause()
             self.sv.request_stop()

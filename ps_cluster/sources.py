@@ -27,10 +27,14 @@ def from_host_lists(ps, worker):
 
 
 def from_tf_config():
-    """The cluster of TF_CONFIG, and this task's job and index in it."""
+    """The cluster of TF_CONFIG, and this task's job and index in it. An
+    evaluator, which TF_CONFIG may list, is no task of the cluster."""
     try:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return resolver.cluster_spec(), resolver.task_type, resolver.task_id
+        jobs = resolver.cluster_spec().as_dict()
+        jobs.pop('evaluator', None)
+        return (tf.train.ClusterSpec(jobs), resolver.task_type,
+                resolver.task_id)
     except (KeyError, RuntimeError) as e:
         raise ValueError(e)
 

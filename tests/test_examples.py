@@ -37,7 +37,7 @@ def test_tfjob_manifest(mode):
     assert job['kind'] == 'TFJob'
     replicas = job['spec']['tfReplicaSpecs']
     assert {name: spec['replicas'] for name, spec in replicas.items()} == {
-        'PS': 1, 'Worker': 3}
+        'PS': 1, 'Worker': 3, 'Evaluator': 1}
     for spec in replicas.values():
         container, = spec['template']['spec']['containers']
         assert container['name'] == 'tensorflow'  # what the operator expects
@@ -47,6 +47,9 @@ def test_tfjob_manifest(mode):
         assert not any(a.startswith(('--ps', '--worker', '--job_name'))
                        for a in argv)
         check_command(argv)
+        # The checkpoints on a volume that every pod mounts.
+        mounts = {m['mountPath'] for m in container['volumeMounts']}
+        assert {'/data', '/logs'} <= mounts
 
 
 def test_slurm_batch_script():

@@ -34,8 +34,10 @@ def launch(procs, tmp_path, *args):
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
                                    small_data, script):
+    # The sync run with an evaluator beside it (-e), on RUN_DIR/logdir.
     base = free_port_run(4)
-    launcher = launch(procs, tmp_path, '-H', '-b', str(base), script,
+    launcher = launch(procs, tmp_path, '-H', '-b', str(base),
+                      *(['-e'] if script == 'sync' else []), script,
                       '--data_dir=' + small_data, '--epochs=3',
                       '--validation_size=100', '--learning_rate=0.5')
     procs.wait_all([launcher], 120)
@@ -45,8 +47,11 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
     assert [(w, status) for w, status, _ in summary] == [
         ('0', '0'), ('1', '0'), ('2', '0')]
     assert all(float(accuracy) > 0.8 for _, _, accuracy in summary), output
-    assert sorted(os.listdir(tmp_path / 'run')) == [
-        'ps0.log', 'worker0.log', 'worker1.log', 'worker2.log']
+    assert sorted(os.listdir(tmp_path / 'run')) == sorted(
+        ['ps0.log', 'worker0.log', 'worker1.log', 'worker2.log'] + (
+            ['evaluator0.log', 'logdir'] if script == 'sync' else []))
+    if script == 'sync':  # it measured the last step: 3 epochs of 10
+        assert re.search(r'^evaluator: global_step=30, ', output, re.M)
     # The training lines were shown as they came, the chatter was not.
     assert set(final_accuracies(output)) == {0, 1, 2}
     assert 'oneDNN' not in output

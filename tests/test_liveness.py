@@ -53,7 +53,8 @@ def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
     """Side by side: worker 2 killed, async and sync (30 ms a step: the sync
     run outlasts the 5 s of silence after which a worker is gone, however
     fast the machine); worker 1 sent SIGINT (async) or SIGTERM (sync) to its
-    process group, as Ctrl-C in its own terminal would."""
+    process group, as Ctrl-C in its own terminal would (30 ms a step too: a
+    fast machine ended a run of 400 steps before the signal came)."""
     killed = {script: procs.cluster(script, free_ports,
                                     '--data_dir=' + small_data, *LONG_RUN[1:],
                                     '--epochs=40', '--step_delay_ms=30',
@@ -63,6 +64,7 @@ def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
     stopped = {script: procs.cluster(script, free_ports,
                                      '--data_dir=' + small_data,
                                      *LONG_RUN[1:], '--epochs=40',
+                                     '--step_delay_ms=30',
                                      name=script + '-signal-')
                for script in SCRIPTS}
     for ps, workers in killed.values():

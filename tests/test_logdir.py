@@ -4,9 +4,12 @@ checkpoints, resuming, a restarted chief, a full or unwritable logdir."""
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from conftest import (SCRIPTS, SHORT_RUN, assert_clean_exit,
@@ -32,14 +35,18 @@ def events(logdir):
 
 
 def run(procs, free_ports, runs, timeout=120):
-    """Clusters side by side, {name: (script, flags)}: {name: the workers'
-    outputs}, once every task has ended cleanly."""
-    clusters = {name: procs.cluster(script, free_ports, *flags, name=name)
-                for name, (script, flags) in runs.items()}
+    """Clusters side by side, {name: (script, flags[, shape])}, shape as
+    procs.cluster's num_ps and num_workers: {name: the workers' outputs},
+    once every task has ended cleanly."""
+    clusters = {}
+    for name, (script, flags, *shape) in runs.items():
+        ps, workers = procs.cluster(script, free_ports, *flags, name=name,
+                                    **(shape[0] if shape else {}))
+        clusters[name] = (ps if isinstance(ps, list) else [ps]), workers
     procs.wait_all([p for ps, workers in clusters.values()
-                    for p in workers + [ps]], timeout)
-    return {name: [assert_clean_exit(procs, p, 0) for p in workers + [ps]][:-1]
-            for name, (ps, workers) in clusters.items()}
+                    for p in workers + ps], timeout)
+    return {name: [assert_clean_exit(procs, p, 0) for p in workers + ps][
+        :len(workers)] for name, (ps, workers) in clusters.items()}
 
 
 @pytest.mark.parametrize('script', ['async', 'sync'])
@@ -49,8 +56,21 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     flags = ['--data_dir=' + small_data, '--validation_size=100',
              '--print_every_epochs=2', '--learning_rate=0.5',
              '--logdir=' + logdir]
-    outputs = run(procs, free_ports,
-                  {script: (script, ['--epochs=6'] + flags)})[script]
+    # Beside the cluster, an evaluator; the chief exports the model it
+    # trained, the evaluator the one of the last checkpoint. 50 ms a step
+    # and a checkpoint a second: 3 s, and several checkpoints.
+    ports = free_ports(4)
+    ps, workers = procs.cluster(
+        script, lambda n: ports, '--epochs=6', *flags, '--step_delay_ms=50',
+        '--save_checkpoint_secs=1', '--export_dir=%s' % (tmp_path / 'chief'))
+    evaluator = procs.script(script, 'evaluator', 0, ports[:1], ports[1:],
+                             '--epochs=6', *flags,
+                             '--export_dir=%s' % (tmp_path / 'evaluator'))
+    procs.wait_all(workers + [ps], 120)
+    outputs = [assert_clean_exit(procs, p, 0) for p in workers + [ps]][:-1]
+    procs.wait_all([evaluator], 30)  # within 30 s of the run's end
+    assert_evaluated_and_exported(procs, evaluator, outputs, logdir,
+                                  tmp_path, script, small_data)
     local_steps = []
     for i, output in enumerate(outputs):
         timing = TIMING.findall(output)
@@ -84,9 +104,38 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     assert saved_step >= tags['test_accuracy'][-1] > 0
 
     # The same cluster again, to 9 epochs: it goes on from the checkpoint.
-    outputs = run(procs, free_ports,
-                  {script: (script, ['--epochs=9'] + flags)})[script]
-    assert 'worker=0: restored the model from %s\n' % saved in outputs[0]
+    # Beside it, on copies of the logdir, clusters of other shapes: the
+    # model and the global step carry over, what is per worker or per ps is
+    # made anew (async: 2 ps and 2 workers, w and b placed anew, to 12
+    # epochs, 240 steps; sync: 4 workers, and 3 with a backup worker).
+    shapes = ({'two_ps': (['--epochs=12'], {'num_ps': 2, 'num_workers': 2})}
+              if script == 'async' else
+              {'four_workers': (['--epochs=9'], {'num_workers': 4}),
+               'backup': (['--epochs=9', '--replicas_to_aggregate=2'], {})})
+    copies = {}
+    for name in shapes:
+        copies[name] = str(tmp_path / name)
+        shutil.copytree(logdir, copies[name])
+    outputs = run(procs, free_ports, dict(
+        {script: (script, ['--epochs=9'] + flags)},
+        **{name: (script, more + flags[:-1] + ['--logdir=' + copies[name]],
+                  shape) for name, (more, shape) in shapes.items()}))
+    for name, (_, shape) in shapes.items():
+        chief = outputs[name][0]
+        restored = re.search(
+            r'^worker=0: restored the model from (.*) at global_step=(\d+), '
+            r'on (\d+) ps and (\d+) workers$', chief, re.M)
+        assert restored, chief
+        assert int(restored.group(2)) == saved_step > 0
+        assert (int(restored.group(3)), int(restored.group(4))) == (
+            shape.get('num_ps', 1), shape.get('num_workers', 3))
+        [(_, start)] = STARTING.findall(chief)
+        assert int(start) >= saved_step
+        final = max(int(TIMING.findall(o)[0][2]) for o in outputs[name])
+        assert final >= (240 if script == 'async' else 90)
+    outputs = outputs[script]
+    assert ('worker=0: restored the model from %s at global_step=%d, on 1 ps '
+            'and 3 workers\n' % (saved, saved_step)) in outputs[0]
     [(_, start)] = STARTING.findall(outputs[0])
     if script == 'sync':  # no update before the chief's queue runner
         assert int(start) == saved_step
@@ -103,6 +152,72 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
         # update, so it may lag by one.
         assert 269 <= final_step <= 270 + 3 * 10
     assert tf.train.latest_checkpoint(logdir) != saved
+
+
+EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
+                       r'accuracy=(\S+) \(\S+\)$', re.M)
+EXPORTED = (r'^%s: exported the model at global_step=(\d+) to (\S+); its '
+            r'test accuracy = (\S+)$')
+# In a fresh process with no cluster: the SavedModel's accuracy on the test
+# set, through its serving signature.
+LOAD = """
+import sys
+import numpy as np
+import tensorflow as tf
+import mnist_data
+test = mnist_data.read_data_sets(sys.argv[1], 100).test
+for path in sys.argv[2:]:
+    serve = tf.saved_model.load(path).signatures['serving_default']
+    out = serve(images=tf.constant(test.images))
+    assert np.allclose(np.sum(out['probabilities'], 1), 1, atol=1e-5)
+    print(np.mean(out['classes'].numpy() == np.argmax(test.labels, 1)))
+"""
+
+
+def assert_evaluated_and_exported(procs, evaluator, outputs, logdir,
+                                  tmp_path, script, data_dir):
+    """The evaluator measured every checkpoint it saw, at least 3, the last
+    at the run's last step, and wrote each as a summary; the chief's and
+    the evaluator's SavedModels give the accuracy they said, in a fresh
+    process, with no device of the cluster in them."""
+    output = assert_clean_exit(procs, evaluator, 0)
+    evaluated = EVALUATED.findall(output)
+    steps = [int(step) for step, _ in evaluated]
+    assert len(steps) >= 3 and steps == sorted(set(steps)), output
+    last_step = 180 if script == 'async' else 60  # 6 epochs of 10 steps
+    assert steps[-1] == last_step
+    assert events(os.path.join(logdir, 'eval'))['accuracy'] == steps
+    finals = [final_accuracies(o)[i] for i, o in enumerate(outputs)]
+    if script == 'sync':  # every worker ends with the model of the last step
+        assert all(abs(float(evaluated[-1][1]) - a) < 1e-6 for a in finals)
+    [(step, chief_path, chief_accuracy)] = re.findall(
+        EXPORTED % '/job:worker/task:0', outputs[0], re.M)
+    [(eval_step, eval_path, eval_accuracy)] = re.findall(
+        EXPORTED % '/job:evaluator/task:0', output, re.M)
+    assert int(step) == int(eval_step) == last_step
+    assert chief_path == str(tmp_path / 'chief' / step)
+    loaded = subprocess.run(
+        [sys.executable, '-c', LOAD, data_dir, chief_path,
+         eval_path], capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    for said, got in zip((chief_accuracy, eval_accuracy),
+                         loaded.stdout.split()):
+        assert abs(float(said) - float(got)) < 1e-6
+    if script == 'sync':
+        assert all(abs(float(chief_accuracy) - a) < 1e-6 for a in finals)
+        cli = os.path.join(os.path.dirname(sys.executable), 'saved_model_cli')
+        shown = subprocess.run([cli, 'show', '--all', '--dir', chief_path],
+                               capture_output=True, text=True, timeout=60)
+        assert "signature_def['serving_default']" in shown.stdout
+        assert '/job:' not in shown.stdout + shown.stderr
+        images = tmp_path / 'images.npy'
+        np.save(images, np.full((2, 784), 0.5, np.float32))
+        ran = subprocess.run(
+            [cli, 'run', '--dir', chief_path, '--tag_set', 'serve',
+             '--signature_def', 'serving_default',
+             '--inputs', 'images=%s' % images],
+            capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and 'classes' in ran.stdout, ran.stderr
 
 
 STEPS = re.compile(r'^worker=1,epoch=\d+,global_step=(\d+),', re.M)

@@ -29,7 +29,8 @@ FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
                         re.M)
 
 
-RESTORED = r'^worker=0: restored the model from .*model\.ckpt-(\d+)$'
+RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
+            r'global_step=\d+, on \d+ ps and \d+ workers$')
 
 
 # Side by side: async, its ps restarted twice (a worker once hung after the

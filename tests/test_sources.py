@@ -83,18 +83,24 @@ def run_tasks(procs, script, envs, *flags, timeout=120):
 
 @pytest.mark.slow
 def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
-                                                   small_data):
-    # Both scripts side by side, the sync one with a backup worker. Workers
-    # before the ps, the chief last; the ps 3 s later.
-    tasks = [('worker', 2), ('worker', 1), ('worker', 0), ('ps', 0)]
-    extra = {'async': [], 'sync': ['--replicas_to_aggregate=2']}
+                                                   small_data, tmp_path):
+    # Both scripts side by side, the sync one with a backup worker. An
+    # evaluator first, which TF_CONFIG lists as Estimator did (Kubeflow does
+    # not), and which is no task of the cluster; the workers before the ps,
+    # the chief last; the ps 3 s later.
+    tasks = [('evaluator', 0), ('worker', 2), ('worker', 1), ('worker', 0),
+             ('ps', 0)]
+    extra = {script: ['--logdir=%s' % (tmp_path / script)] for script in
+             ('async', 'sync')}
+    extra['sync'].append('--replicas_to_aggregate=2')
     ports = {script: free_ports(4) for script in extra}
     started = {script: [] for script in extra}
     for job, index in tasks:
         time.sleep(3 if job == 'ps' else 1)
         for script, flags in extra.items():
             env = {'TF_CONFIG': tf_config(ports[script][:1],
-                                          ports[script][1:], job, index)}
+                                          ports[script][1:], job, index,
+                                          evaluator=['localhost:1'])}
             started[script].append(procs.start(
                 [sys.executable, 'mnist_dist_%s.py' % script,
                  '--data_dir=' + small_data] + SMALL_RUN + flags,
@@ -109,6 +115,10 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
                              output, re.M), output
             if job == 'worker':
                 assert final_accuracies(output)[index] > 0.9
+            if job == 'evaluator':  # to the last step: 3 epochs of 10
+                assert re.findall(r'^evaluator: global_step=(\d+),', output,
+                                  re.M)[-1] == ('90' if script == 'async'
+                                                else '30')
 
 
 @pytest.mark.slow

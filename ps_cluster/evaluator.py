@@ -1,0 +1,90 @@
+"""The evaluator: a task outside the cluster that follows the chief's
+checkpoints as they appear, measures each on a split of the data, and ends
+once it has measured the run's last step."""
+
+import os
+import time
+
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors
+
+
+def follow(model, split, split_name, logdir, last_step, timeout, end,
+           pixels, on_last=None):
+    """Restores each new checkpoint in logdir into a graph of its own, and
+    writes its loss and accuracy on split: one line, and summaries in
+    logdir/eval. Ends once a checkpoint at last_step or beyond is measured
+    (then on_last(step, {name: value}) is called), or when no new checkpoint came
+    for `timeout` seconds, saying so.
+
+    model(images) builds the logits, with the variables the checkpoints
+    hold; a checkpoint that disappears or is half-written is skipped.
+    """
+    with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
+        images = tf.placeholder(tf.float32, [None, pixels])
+        labels = tf.placeholder(tf.float32, [None, split.labels.shape[1]])
+        logits = model(images)
+        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
+            labels=labels, logits=logits))
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(
+            tf.argmax(logits, 1), tf.argmax(labels, 1)), tf.float32))
+        global_step = tf.train.get_or_create_global_step()
+        saver = tf.train.Saver()
+        writer = tf.summary.FileWriter(os.path.join(logdir, 'eval'))
+        print('evaluator: following the checkpoints of %s, on the %s split '
+              '(%d images), to global_step=%d'
+              % (logdir, split_name, len(split.images), last_step),
+              flush=True)
+        measured, came = -1, [time.time()]
+        # checkpoints_iterator calls timeout_fn after every checkpoint too,
+        # not only once `timeout` has passed without one.
+        for latest in tf.train.checkpoints_iterator(
+                logdir, timeout=timeout,
+                timeout_fn=lambda: time.time() - came[0] >= timeout):
+            came[0] = time.time()
+            # Each checkpoint the chief kept since the last one measured, not
+            # only the latest: several may come between two polls.
+            for path in _kept_since(logdir, measured, latest):
+                try:
+                    saver.restore(sess, path)
+                except (tf.errors.NotFoundError, tf.errors.DataLossError,
+                        tf.errors.InvalidArgumentError) as e:
+                    print('evaluator: skipped %s, which cannot be read (%s)'
+                          % (path, errors.what_went_wrong(e)), flush=True)
+                    continue
+                measured, loss_value, accuracy_value = sess.run(
+                    [global_step, loss, accuracy],
+                    {images: split.images, labels: split.labels})
+                print('evaluator: global_step=%d, loss=%s, accuracy=%s (%s)'
+                      % (measured, loss_value, accuracy_value, path),
+                      flush=True)
+                writer.add_summary(tf.Summary(value=[
+                    tf.Summary.Value(tag='loss', simple_value=loss_value),
+                    tf.Summary.Value(tag='accuracy',
+                                     simple_value=accuracy_value)]), measured)
+                writer.flush()
+                if measured >= last_step:
+                    if on_last:
+                        on_last(measured, {
+                            v.op.name: value for v, value in zip(
+                                tf.global_variables(),
+                                sess.run(tf.global_variables()))})
+                    writer.close()
+                    end.leave()
+        writer.close()
+    end.fail('no new checkpoint in %s for %g s (--eval_timeout), before '
+             'global_step=%d' % (logdir, timeout, last_step))
+
+
+def _kept_since(logdir, step, latest):
+    """The checkpoints in logdir after global step `step`, oldest first;
+    latest among them."""
+    state = tf.train.get_checkpoint_state(logdir)
+    paths = set(state.all_model_checkpoint_paths if state else []) | {latest}
+    return sorted((p for p in paths if _step_of(p) > step), key=_step_of)
+
+
+def _step_of(path):
+    """The global step in a checkpoint's name, model.ckpt-STEP."""
+    return int(path.rpartition('-')[2])
