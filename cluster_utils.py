@@ -13,7 +13,7 @@ import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import evaluator, exits, ps_serving, server, sources
+from ps_cluster import errors, evaluator, exits, ps_serving, server, sources
 from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import Logdir
 from ps_cluster.recoverable_session import RecoverableSession
@@ -291,8 +291,12 @@ def _export(model, values, step, test):
     path = os.path.join(FLAGS.export_dir, str(step))
     if tf.io.gfile.exists(path):
         _end.fail('cannot export the model to %s: it exists' % path)
-    accuracy = export_saved_model(model, values, path, test,
-                                  mnist_data.IMAGE_PIXELS)
+    try:
+        accuracy = export_saved_model(model, values, path, test,
+                                      mnist_data.IMAGE_PIXELS)
+    except (tf.errors.OpError, OSError) as e:
+        _end.fail('cannot export the model to %s (%s)'
+                  % (path, errors.what_went_wrong(e)))
     print('%s: exported the model at global_step=%d to %s; its test '
           'accuracy = %s' % (_task_name(), step, path, accuracy), flush=True)
 

@@ -15,8 +15,8 @@ def follow(model, split, split_name, logdir, last_step, timeout, end,
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
     logdir/eval. Ends once a checkpoint at last_step or beyond is measured
-    (then on_last(step, {name: value}) is called), or when no new checkpoint came
-    for `timeout` seconds, saying so.
+    (then on_last(step, {name: value}) is called), or when no new checkpoint
+    came for `timeout` seconds, saying so.
 
     model(images) builds the logits, with the variables the checkpoints
     hold; a checkpoint that disappears or is half-written is skipped.

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import liveness
+from ps_cluster import liveness, probes
 
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
@@ -66,9 +66,9 @@ def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
             sess.run(depart, {gone_now: np.flatnonzero(newly_gone)})
         if np.all(ended | (silent > worker_timeout)):
             return
-        liveness.fail_if_late('worker', workers,
-                              set(np.flatnonzero(np.isnan(heard))), deadline,
-                              startup_timeout, end)
+        probes.fail_if_late('worker', workers,
+                            set(np.flatnonzero(np.isnan(heard))), deadline,
+                            startup_timeout, end)
 
 
 def _wait_for_farewells(sess, beats, secs):

@@ -12,7 +12,8 @@ import contextlib
 import threading
 import time
 
-from ps_cluster import errors, liveness, session_start, stall_watch
+from ps_cluster import (errors, liveness, probes, session_start,
+                        stall_watch)
 
 
 class RecoverableSession:
@@ -53,7 +54,7 @@ class RecoverableSession:
         # Ending on purpose, this worker tells the ps tasks it left.
         end.before_leaving(
             lambda _: self.watchdog and self.watchdog.say_left())
-        liveness.wait_for_tasks(cluster, 'ps', startup_timeout, end)
+        probes.wait_for_tasks(cluster, 'ps', startup_timeout, end)
         with errors.exit_if_cluster_lost(cluster, ('worker', self.me), end), \
                 self._ending_if_ps_away(startup_timeout):
             self._open()
@@ -172,11 +173,11 @@ class RecoverableSession:
     def _missing_ps(self):
         """The ps tasks that do not answer at their address."""
         return {i for i, address in enumerate(self.cluster.job_tasks('ps'))
-                if not liveness.answers(address)}
+                if not probes.answers(address)}
 
     def _silent_ps(self):
-        return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address('ps', i))
-                for i in sorted(self._missing_ps())]
+        return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address(
+            'ps', i)) for i in sorted(self._missing_ps())]
 
     def _on_step(self, step):
         if self.stall:

@@ -39,11 +39,10 @@ def open_session(sv, target, config, cluster, logdir, timeout, end,
         # The model and the global step carry over to a cluster of any
         # shape; what is per worker or per ps (sync's local steps and token
         # queue, the liveness counters) is made anew, not restored.
+        step = tf.train.load_variable(checkpoint, 'global_step')
         print('worker=0: restored the model from %s at global_step=%d, on %d '
-              'ps and %d workers' % (
-                  checkpoint, tf.train.load_variable(checkpoint, 'global_step'),
-                  cluster.num_tasks('ps'), cluster.num_tasks('worker')),
-              flush=True)
+              'ps and %d workers' % (checkpoint, step, cluster.num_tasks('ps'),
+                                     cluster.num_tasks('worker')), flush=True)
     elif sv.is_chief and again:
         print('worker=0: initialized the model again: %s' % (
             'no checkpoint in --logdir yet' if logdir

@@ -10,7 +10,8 @@ import tensorflow.compat.v1 as tf
 
 
 def parse_host_list(value):
-    """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], or ValueError saying what is wrong."""
+    """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], or ValueError saying what is
+    wrong."""
     hosts = [h.strip() for h in value.split(',')]
     for host in hosts:
         name, _, port = host.rpartition(':')
@@ -45,7 +46,8 @@ def check(cluster):
     another would serve the wrong devices to the tasks that come to it."""
     if sorted(cluster.jobs) != ['ps', 'worker']:
         raise ValueError('the cluster needs jobs ps and worker (worker 0 is '
-                         'the chief), not %s' % ', '.join(sorted(cluster.jobs)))
+                         'the chief), not %s'
+                         % ', '.join(sorted(cluster.jobs)))
     addresses = cluster.job_tasks('ps') + cluster.job_tasks('worker')
     for address in addresses:
         if addresses.count(address) > 1:

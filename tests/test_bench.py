@@ -1,5 +1,5 @@
-"""bench/bench.py runs end to end and reports every figure it promises. Its speed
-figures are for people to read; no test holds them to a number."""
+"""bench/bench.py runs end to end and reports every figure it promises. Its
+speed figures are for people to read; no test holds them to a number."""
 
 import json
 import re

@@ -1,0 +1,54 @@
+"""Whether another task is up: its port open, its server answering a call
+within a deadline; and the start-up wait for them."""
+
+import socket
+import time
+
+import grpc
+
+
+def answers(address, timeout=2.0):
+    """Whether the TensorFlow server at address answers a call within
+    timeout: a frozen process still accepts connections, so an open port is
+    not enough. Not a session run: one of those can block past its own
+    timeout on a frozen ps. GetStatus's request is an empty message."""
+    with grpc.insecure_channel(address) as channel:
+        get_status = channel.unary_unary(
+            '/tensorflow.WorkerService/GetStatus',
+            request_serializer=lambda _: b'', response_deserializer=len)
+        try:
+            get_status(None, timeout=timeout)
+            return True
+        except grpc.RpcError:
+            return False
+
+
+def is_listening(address, timeout=1.0):
+    host, _, port = address.rpartition(':')
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_tasks(cluster, job, timeout, end):
+    """Blocks until every task of `job` accepts connections: it is up, if
+    perhaps not yet serving (answers() then tells)."""
+    deadline = time.time() + timeout
+    addresses = cluster.job_tasks(job)
+    missing = set(range(len(addresses)))
+    while missing:
+        missing = {i for i in missing if not is_listening(addresses[i])}
+        fail_if_late(job, addresses, missing, deadline, timeout, end)
+        if missing:
+            time.sleep(0.2)
+
+
+def fail_if_late(job, addresses, missing, deadline, timeout, end):
+    """Ends this task, naming the first of the missing tasks of `job`, once
+    the deadline has passed."""
+    if missing and time.time() > deadline:
+        i = min(missing)
+        end.fail('/job:%s/task:%d (%s) did not come up within %g s'
+                 % (job, i, addresses[i], timeout))
