@@ -90,8 +90,10 @@ def main(_):
     last_step = (FLAGS.epochs * n_batches  # ASYNC:
                  * cluster.num_tasks('worker'))
 
-    if FLAGS.job_name == 'evaluator':  # PS: no task of the cluster: it
-        cluster_utils.evaluate(model, mnist, last_step)  # follows --logdir
+    # PS: an evaluator is no task of the cluster: it measures the chief's
+    # checkpoints in --logdir, and ends once it has the run's last step.
+    if FLAGS.job_name == 'evaluator':  # PS:
+        cluster_utils.evaluate(model, mnist, last_step)
 
     # Variables go to the ps tasks, round robin, the computation to this
     # worker: with two ps or more, w, by far the biggest, has one of its own.
