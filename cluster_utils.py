@@ -198,8 +198,9 @@ def start_server(cluster):
     be writable; one line if its port is taken. An evaluator has none."""
     if FLAGS.job_name == 'evaluator':
         return None
-    if _chief_logdir():
-        _chief_logdir().check()
+    chief_logdir = _chief_logdir()
+    if chief_logdir:
+        chief_logdir.check()
     return server.start(cluster, FLAGS.job_name, FLAGS.task_index,
                         _session_config(), _end)
 
