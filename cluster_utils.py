@@ -38,6 +38,10 @@ flags.DEFINE_integer('num_ps', 1, 'Under srun: how many of its tasks are ps '
 flags.DEFINE_integer('slurm_port_base', 8888,
                      'Under srun: the port of the first task on each node.',
                      lower_bound=1)
+flags.DEFINE_boolean('slurm_evaluator', False,
+                     'Under srun: the last of its tasks is an evaluator, '
+                     'which then exports (--export_dir) in the chief\'s '
+                     'place.')
 flags.DEFINE_string('data_dir', mnist_data.DEFAULT_DIR,
                     'Directory with the four MNIST IDX .gz files; missing '
                     'ones are downloaded into it.')
@@ -149,7 +153,7 @@ def cluster_spec():
             cluster = _take_task(source, *sources.from_tf_config())
         elif source == 'Slurm':
             cluster = _take_task(source, *sources.from_slurm(
-                FLAGS.num_ps, FLAGS.slurm_port_base))
+                FLAGS.num_ps, FLAGS.slurm_port_base, FLAGS.slurm_evaluator))
         else:
             cluster = sources.from_host_lists(FLAGS.ps, FLAGS.worker)
         sources.check(cluster)
@@ -161,21 +165,19 @@ def cluster_spec():
         if not FLAGS.logdir:
             exits.usage_error('an evaluator follows the checkpoints of '
                               '--logdir: give it')
-        print('%s: cluster from %s: ps %s, workers %s; this task follows '
-              'its checkpoints' % (_task_name(), source,
-                                   ','.join(cluster.job_tasks('ps')),
-                                   ','.join(cluster.job_tasks('worker'))),
-              flush=True)
-        return cluster
-    tasks = cluster.num_tasks(FLAGS.job_name)
-    if FLAGS.task_index >= tasks:
-        exits.usage_error('--task_index=%d, but %s lists only %d %s task(s)'
-                          % (FLAGS.task_index, source, tasks, FLAGS.job_name))
-    here = cluster.task_address(FLAGS.job_name, FLAGS.task_index)
+        here = 'this task follows its checkpoints'
+    else:
+        tasks = cluster.num_tasks(FLAGS.job_name)
+        if FLAGS.task_index >= tasks:
+            exits.usage_error('--task_index=%d, but %s lists only %d %s '
+                              'task(s)' % (FLAGS.task_index, source, tasks,
+                                           FLAGS.job_name))
+        here = 'this task: ' + cluster.task_address(FLAGS.job_name,
+                                                   FLAGS.task_index)
     if source == 'Slurm':
         here += ' (Slurm task %s on %s)' % (os.environ['SLURM_PROCID'],
                                            os.environ.get('SLURMD_NODENAME'))
-    print('%s: cluster from %s: ps %s, workers %s; this task: %s'
+    print('%s: cluster from %s: ps %s, workers %s; %s'
           % (_task_name(), source, ','.join(cluster.job_tasks('ps')),
              ','.join(cluster.job_tasks('worker')), here), flush=True)
     return cluster
@@ -277,8 +279,9 @@ def evaluate(model, mnist, last_step):
 def export(sess, model, mnist):
     """With --export_dir, the chief writes the model as a SavedModel for
     serving, once every other worker has ended, and says its test accuracy."""
+    # Under srun every task has the same flags: one writer, the evaluator.
     if FLAGS.export_dir and FLAGS.job_name == 'worker' and (
-            FLAGS.task_index == 0):
+            FLAGS.task_index == 0) and not FLAGS.slurm_evaluator:
         sess.wait_for_the_others()
         variables = tf.trainable_variables() + [tf.train.get_global_step()]
         values = dict(zip([v.op.name for v in variables],

@@ -54,10 +54,11 @@ def check(cluster):
             raise ValueError('%s is given to two tasks' % address)
 
 
-def from_slurm(num_ps, port_base, env=os.environ):
+def from_slurm(num_ps, port_base, evaluator=False, env=os.environ):
     """The tasks of this srun step where Slurm placed them: the first num_ps
-    are the ps, the rest the workers, each on its node's ports from
-    port_base up; and this task's job and index.
+    are the ps, the rest the workers (but the last, with evaluator, which
+    is no task of the cluster), each on its node's ports from port_base up;
+    and this task's job and index.
 
     Not TensorFlow's SlurmClusterResolver: it sorts the nodes by name and
     fills them in turn, while Slurm keeps its own node order (node9 before
@@ -82,11 +83,15 @@ def from_slurm(num_ps, port_base, env=os.environ):
             % (rank, here, env['SLURM_STEP_NODELIST'],
                env['SLURM_STEP_TASKS_PER_NODE'], distribution or 'block',
                placement[rank]))
-    if not num_ps < len(hosts):
+    tasks = hosts[:-1] if evaluator else hosts
+    if not num_ps < len(tasks):
         raise ValueError('--num_ps=%d leaves none of the step\'s %d tasks to '
-                         'be a worker' % (num_ps, len(hosts)))
-    cluster = tf.train.ClusterSpec({'ps': hosts[:num_ps],
-                                    'worker': hosts[num_ps:]})
+                         'be a worker%s' % (num_ps, len(hosts), ' beside the '
+                                            'evaluator' if evaluator else ''))
+    cluster = tf.train.ClusterSpec({'ps': tasks[:num_ps],
+                                    'worker': tasks[num_ps:]})
+    if rank == len(tasks):
+        return cluster, 'evaluator', 0
     if rank < num_ps:
         return cluster, 'ps', rank
     return cluster, 'worker', rank - num_ps

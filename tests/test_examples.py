@@ -28,10 +28,12 @@ def defined_flags(script):
 
 
 def check_command(argv):
-    script = next(arg for arg in argv if arg.endswith('.py'))
+    at = next(i for i, arg in enumerate(argv) if arg.endswith('.py'))
+    script = argv[at]
     assert os.path.exists(os.path.join(REPO, os.path.basename(script)))
     known = defined_flags(script)
-    given = [arg[2:].split('=')[0] for arg in argv if arg.startswith('--')]
+    given = [arg[2:].split('=')[0] for arg in argv[at:]
+             if arg.startswith('--')]
     assert given and set(given) <= known, set(given) - known
 
 
@@ -57,15 +59,16 @@ def test_tfjob_manifest(mode):
         assert {'/data', '/logs'} <= mounts
 
 
-def test_slurm_batch_script():
-    with open(os.path.join(EXAMPLES, 'slurm-async.sbatch')) as f:
+@pytest.mark.parametrize('mode', ['async', 'sync'])
+def test_slurm_batch_script(mode):
+    with open(os.path.join(EXAMPLES, 'slurm-%s.sbatch' % mode)) as f:
         script = f.read().replace('\\\n', ' ')
     assert '#SBATCH --nodes=4' in script
     commands = [shlex.split(line) for line in script.splitlines()
                 if line.startswith('srun ')]
     assert len(commands) == 1
     check_command(commands[0])
-    assert '--num_ps=1' in commands[0]
+    assert '--num_ps=%d' % (1 if mode == 'async' else 2) in commands[0]
 
 
 # No registry can be reached here: the Dockerfile's python:3.11-slim is
@@ -166,6 +169,7 @@ def tfjob_containers(manifest, image, data_dir, logs, workers):
     return name, commands
 
 
+@pytest.mark.slow
 def test_tfjob_in_containers(image, procs, small_data, tmp_path):
     # 1 ps + 2 workers + the evaluator, each in a container of the image,
     # as the sync TFJob example runs them.

@@ -237,17 +237,38 @@ def test_example_on_one_node(slurm, small_data, tmp_path):
     assert nothing_left_running()
 
 
+EVALUATOR_LINE = re.compile(
+    r'^/job:evaluator/task:0: cluster from Slurm: ps (\S+), workers (\S+); '
+    r'this task follows its checkpoints \(Slurm task (\d+) on (\S+)\)$', re.M)
+EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
+                       r'accuracy=(\S+) ', re.M)
+
+
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path, script):
-    # srun -m cyclic, 2 tasks a node: task 0 on node9, 1 on node10, 2 on
-    # node11, 3 on node9 again...
+    # srun -m cyclic, 7 tasks on 4 nodes: task 0 on node9, 1 on node10, 2 on
+    # node11, 3 on node12, 4 on node9 again..., the evaluator on node11.
     batch = example('slurm-sync.sbatch', small_data, tmp_path)
     status, output = slurm.submit(batch.replace('mnist_dist_sync.py',
                                                 'mnist_dist_%s.py' % script))
     assert status == 0, output
     tasks = assert_placed_where_they_run(output, 2, 4)
     by_rank = sorted((rank, node) for *_, rank, node in tasks.values())
-    assert [node for _, node in by_rank] == NODES[:3] * 2
+    assert [node for _, node in by_rank] == NODES + NODES[:2]
+    # The evaluator is no task of the cluster the others share; it measured
+    # the run's last step (3 epochs of 10 steps, times 4 workers in async),
+    # and exported it, in the chief's place.
+    [(ps, workers, rank, node)] = EVALUATOR_LINE.findall(output)
+    assert {(ps, workers)} == {(p, w) for p, w, *_ in tasks.values()}
+    assert (rank, node) == ('6', 'node11')
+    step, accuracy = EVALUATED.findall(output)[-1]
+    assert int(step) == (120 if script == 'async' else 30), output
+    if script == 'sync':  # every worker ends with the last step's model
+        assert all(abs(float(accuracy) - a) < 1e-6
+                   for a in final_accuracies(output).values())
+    exported = re.findall(r'^(\S+): exported the model at global_step=(\d+)',
+                          output, re.M)
+    assert exported == [('/job:evaluator/task:0', step)], output
     assert nothing_left_running()
 
 

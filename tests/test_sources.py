@@ -57,6 +57,17 @@ def test_slurm_placement(distribution, placement):
         distribution) == placement
 
 
+def test_slurm_evaluator_is_the_last_task():
+    env = {'SLURM_STEP_NODELIST': 'node[9-10]', 'SLURM_STEP_TASKS_PER_NODE':
+           '2(x2)', 'SLURMD_NODENAME': 'node10', 'SLURM_PROCID': '3'}
+    cluster, job, index = sources.from_slurm(1, 2222, True, env)
+    assert cluster.as_dict() == {'ps': ['node9:2222'],
+                                 'worker': ['node9:2223', 'node10:2222']}
+    assert (job, index) == ('evaluator', 0)
+    with pytest.raises(ValueError, match='beside the evaluator'):
+        sources.from_slurm(3, 2222, True, env)
+
+
 def test_slurm_placement_refuses_what_it_cannot_map():
     with pytest.raises(ValueError, match='distribution arbitrary'):
         sources.slurm_placement(['a'], [1], 'arbitrary')
