@@ -157,7 +157,7 @@ def tfjob_containers(manifest, image, data_dir, logs, workers):
                 for arg in container['args']] + [
                     '--validation_size=100', '--step_delay_ms=100']
         for i in range(spec['replicas']):
-            tf_config = {'cluster': cluster,
+            tf_config = {'cluster': cluster, 'environment': 'cloud',
                          'task': {'type': kind.lower(), 'index': i}}
             commands[host(kind, i)] = [
                 'podman', 'run', '--rm', '--name=' + host(kind, i),
