@@ -20,6 +20,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
+EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
+                       r'accuracy=(\S+) \(\S+\)$', re.M)
 # TensorFlow's own C++ log lines, which TF_CPP_MIN_LOG_LEVEL cannot silence
 # before its logging is initialized: absl's format (2.21) and TensorFlow's
 # older one (2.16).
@@ -35,6 +37,11 @@ def own_lines(stderr):
 
 def final_accuracies(output):
     return {int(w): float(a) for w, a in ACCURACY.findall(output)}
+
+
+def evaluations(output):
+    """The evaluator's lines: (global step, accuracy), one per checkpoint."""
+    return [(int(s), float(a)) for s, a in EVALUATED.findall(output)]
 
 
 # Every port handed out in this run: clusters that run side by side, each

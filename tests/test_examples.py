@@ -13,7 +13,7 @@ import uuid
 import pytest
 import yaml
 
-from conftest import REPO, assert_clean_exit, final_accuracies
+from conftest import REPO, assert_clean_exit, evaluations, final_accuracies
 
 EXAMPLES = os.path.join(REPO, 'examples')
 
@@ -194,10 +194,9 @@ def test_tfjob_in_containers(image, procs, small_data, tmp_path):
         assert re.search(r'^worker=%d, local_steps=[1-9]' % i, outputs[
             '%s-worker-%d' % (network, i)], re.M)
     # 4 epochs of 10 steps; every worker ends with the last step's model.
-    last = re.findall(r'^evaluator: global_step=(\d+), loss=\S+, '
-                      r'accuracy=(\S+) ', evaluator, re.M)[-1]
-    assert int(last[0]) == 40, evaluator
-    assert all(abs(float(last[1]) - a) < 1e-6 for a in finals), finals
+    step, accuracy = evaluations(evaluator)[-1]
+    assert step == 40, evaluator
+    assert all(abs(accuracy - a) < 1e-6 for a in finals), finals
     assert (logs / 'sync-serving' / '40' / 'saved_model.pb').exists()
     assert podman('ps', '--all', '--quiet',
                   '--filter=name=' + network).stdout == ''

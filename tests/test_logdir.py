@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import (SCRIPTS, SHORT_RUN, assert_clean_exit,
-                      assert_one_error_line, final_accuracies, listening)
+                      assert_one_error_line, evaluations, final_accuracies,
+                      listening)
 from launcher.compare import TIMING
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -155,8 +156,6 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     assert tf.train.latest_checkpoint(logdir) != saved
 
 
-EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
-                       r'accuracy=(\S+) \(\S+\)$', re.M)
 EXPORTED = (r'^%s: exported the model at global_step=(\d+) to (\S+); its '
             r'test accuracy = (\S+)$')
 # In a fresh process with no cluster: the SavedModel's accuracy on the test
@@ -182,15 +181,15 @@ def assert_evaluated_and_exported(procs, evaluator, outputs, logdir,
     the evaluator's SavedModels give the accuracy they said, in a fresh
     process, with no device of the cluster in them."""
     output = assert_clean_exit(procs, evaluator, 0)
-    evaluated = EVALUATED.findall(output)
-    steps = [int(step) for step, _ in evaluated]
+    evaluated = evaluations(output)
+    steps = [step for step, _ in evaluated]
     assert len(steps) >= 3 and steps == sorted(set(steps)), output
     last_step = 180 if script == 'async' else 60  # 6 epochs of 10 steps
     assert steps[-1] == last_step
     assert events(os.path.join(logdir, 'eval'))['accuracy'] == steps
     finals = [final_accuracies(o)[i] for i, o in enumerate(outputs)]
     if script == 'sync':  # every worker ends with the model of the last step
-        assert all(abs(float(evaluated[-1][1]) - a) < 1e-6 for a in finals)
+        assert all(abs(evaluated[-1][1] - a) < 1e-6 for a in finals)
     [(step, chief_path, chief_accuracy)] = re.findall(
         EXPORTED % '/job:worker/task:0', outputs[0], re.M)
     [(eval_step, eval_path, eval_accuracy)] = re.findall(

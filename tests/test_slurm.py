@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import REPO, final_accuracies, network_hosts, own_lines
+from conftest import (REPO, evaluations, final_accuracies, network_hosts,
+                      own_lines)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -240,8 +241,6 @@ def test_example_on_one_node(slurm, small_data, tmp_path):
 EVALUATOR_LINE = re.compile(
     r'^/job:evaluator/task:0: cluster from Slurm: ps (\S+), workers (\S+); '
     r'this task follows its checkpoints \(Slurm task (\d+) on (\S+)\)$', re.M)
-EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
-                       r'accuracy=(\S+) ', re.M)
 
 
 @pytest.mark.parametrize('script', ['async', 'sync'])
@@ -261,14 +260,14 @@ def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path, script):
     [(ps, workers, rank, node)] = EVALUATOR_LINE.findall(output)
     assert {(ps, workers)} == {(p, w) for p, w, *_ in tasks.values()}
     assert (rank, node) == ('6', 'node11')
-    step, accuracy = EVALUATED.findall(output)[-1]
-    assert int(step) == (120 if script == 'async' else 30), output
+    step, accuracy = evaluations(output)[-1]
+    assert step == (120 if script == 'async' else 30), output
     if script == 'sync':  # every worker ends with the last step's model
-        assert all(abs(float(accuracy) - a) < 1e-6
+        assert all(abs(accuracy - a) < 1e-6
                    for a in final_accuracies(output).values())
     exported = re.findall(r'^(\S+): exported the model at global_step=(\d+)',
                           output, re.M)
-    assert exported == [('/job:evaluator/task:0', step)], output
+    assert exported == [('/job:evaluator/task:0', str(step))], output
     assert nothing_left_running()
 
 
