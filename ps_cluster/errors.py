@@ -15,12 +15,13 @@ LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
 def what_went_wrong(error):
     """The line of an error that says what went wrong: its first, or, in
     TensorFlow 2's 'Graph execution error', the one after the failed op's
-    name."""
+    last 'Node:' line and the task it ran on."""
     lines = getattr(error, 'message', str(error)).splitlines()
-    for line, after in zip(lines, lines[1:]):
-        if line.startswith('Node: '):
-            return after
-    return lines[0]
+    nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
+    after = lines[nodes[-1] + 1:] if nodes else []
+    after = [line for line in after if not re.fullmatch(r'From /job:\S+:',
+                                                         line)]
+    return after[0] if after else lines[0]
 
 
 def lost_connection(cluster, error, me, missing=()):

@@ -19,6 +19,13 @@ from ps_cluster import errors
      "'save/SaveV2'\n/x/model.ckpt.data; No space left on device\n"
      "\t [[{{node save/SaveV2}}]]", '/x/model.ckpt.data; No space left on '
                                     'device'),
+    # A restore on a worker of a cluster, as the chief met a file of noise.
+    ("Graph execution error:\n\nDetected at node 'save/RestoreV2' defined "
+     "at (most recent call last):\nNode: 'save/RestoreV2'\nDetected at node "
+     "'save/RestoreV2' defined at (most recent call last):\nNode: "
+     "'save/RestoreV2'\nFrom /job:worker/replica:0/task:0:\nnot an sstable "
+     "(bad magic number)\n\t [[{{node save/RestoreV2}}]]",
+     'not an sstable (bad magic number)'),
 ])
 def test_what_went_wrong(message, line):
     assert errors.what_went_wrong(RuntimeError(message)) == line
