@@ -44,6 +44,19 @@ def counters(num_workers, ps_tasks):
     return beats, departures, farewells
 
 
+def _left_before_the_model(beats, global_step):
+    """Whether the chief's slot of `beats` says it left on purpose while
+    `global_step` (the model's, named and placed as in the model's graph)
+    is not initialized: it never will be."""
+    with tf.device(beats.device):
+        left = tf.equal(beats[0], LEFT)
+    with tf.device(global_step.device):
+        step = tf.Variable(0, dtype=global_step.dtype.base_dtype,
+                           name=global_step.op.name, trainable=False)
+        ready = tf.is_variable_initialized(step)
+    return tf.logical_and(left, tf.logical_not(ready))
+
+
 # ------------------------------------------------------ a worker's beats
 
 class Watchdog(tf.train.LooperThread):
@@ -92,6 +105,8 @@ class Watchdog(tf.train.LooperThread):
             # Summed where it lies: a scalar a poll, not a vector.
             with tf.device(self.departures.device):
                 self.departed = tf.reduce_sum(self.departures)
+            self.chief_left_early = _left_before_the_model(beats[0],
+                                                           sv.global_step)
         self.session = tf.Session(server.target, graph=graph, config=config)
         self.last_departures = self._first_beat(startup_timeout)
         self.start()
@@ -166,9 +181,11 @@ class Watchdog(tf.train.LooperThread):
             return None
 
     def run_loop(self):
+        waiting = self.sess is None and self.me != 0  # for the chief's model
         try:
-            _, departed, farewells = self.session.run(
-                [self.beat_op, self.departed, self.farewells],
+            _, departed, farewells, chief_left_early = self.session.run(
+                [self.beat_op, self.departed, self.farewells,
+                 self.chief_left_early if waiting else []],
                 options=self.RUN_OPTIONS)
         except errors.LOST as e:
             # A lost ps: the Supervisor's threads stop with it, and the
@@ -186,6 +203,10 @@ class Watchdog(tf.train.LooperThread):
                                            reason.decode()))
         if self._paused.is_set():
             return
+        # A chief that left before this worker's first beat counts no
+        # departure that this worker sees.
+        if waiting and chief_left_early:
+            self._chief_went_away()
         if departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
@@ -211,13 +232,15 @@ class Watchdog(tf.train.LooperThread):
             if i == self.me:
                 continue
             if self.sess is None and i == 0:
-                self.end.die('error: the chief, /job:worker/task:0 (%s), '
-                             'went away before the model was ready'
-                             % self.workers[0])
+                self._chief_went_away()
             if self.sess is not None and self._is_gone():
                 print('worker=%d: %s is gone; training goes on without it'
                       % (self.me, self._task(i)), flush=True)
         self.last_departures = departures
+
+    def _chief_went_away(self):
+        self.end.die('error: the chief, /job:worker/task:0 (%s), went away '
+                     'before the model was ready' % self.workers[0])
 
     def _is_gone(self):
         try:

@@ -19,10 +19,18 @@ def test_unreadable_checkpoint_ends_every_worker(procs, free_ports,
         'model_checkpoint_path: "model.ckpt-10"\n')
     for suffix in ('index', 'data-00000-of-00001', 'meta'):
         (logdir / ('model.ckpt-10.' + suffix)).write_bytes(os.urandom(512))
-    ps, workers = procs.cluster('async', free_ports,
-                                '--data_dir=' + small_data,
-                                '--logdir=' + str(logdir), *SHORT_RUN)
-    procs.wait_all(workers + [ps], 60)
+    ports = free_ports(4)
+    flags = ('--data_dir=' + small_data, '--logdir=' + str(logdir),
+             *SHORT_RUN)
+
+    def task(job, index):
+        return procs.script('async', job, index, ports[:1], ports[1:], *flags)
+    ps, chief, worker1 = task('ps', 0), task('worker', 0), task('worker', 1)
+    # Worker 1 may wait for the model when the chief leaves, or come after;
+    # worker 2 comes after, and counts no departure of the chief's.
+    procs.wait_all([chief], 60)
+    workers = [chief, worker1, task('worker', 2)]
+    procs.wait_all(workers + [ps], 30)
     assert_one_error_line(procs, workers[0], 1,
                           'cannot restore the checkpoint %s'
                           % (logdir / 'model.ckpt-10'),
