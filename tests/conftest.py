@@ -20,6 +20,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
+FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
+                        re.M)
 EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
                        r'accuracy=(\S+) \(\S+\)$', re.M)
 # TensorFlow's own C++ log lines, which TF_CPP_MIN_LOG_LEVEL cannot silence

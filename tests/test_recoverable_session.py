@@ -6,7 +6,6 @@ no worker its run; a ps that does not come back ends every worker.
 
 import glob
 import os
-import re
 import shutil
 import signal
 import socket
@@ -15,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import assert_clean_exit, final_accuracies, ps_port
+from conftest import FINAL_STEP, assert_clean_exit, final_accuracies, ps_port
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -23,10 +22,6 @@ pytestmark = pytest.mark.slow  # not in the fast tier
 # Long enough to be stopped mid-run: 10 steps an epoch on the small data.
 LONG_RUN = ['--epochs=100', '--print_every_epochs=1', '--validation_size=100',
             '--step_delay_ms=10']
-
-
-FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
-                        re.M)
 
 
 RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
