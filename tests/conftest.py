@@ -41,6 +41,22 @@ def final_accuracies(output):
     return {int(w): float(a) for w, a in ACCURACY.findall(output)}
 
 
+def run_accuracy(outputs, script):
+    """The final accuracy of the model a run leaves, from its workers'
+    outputs: the lowest of the sync workers', which measure the same model;
+    in async, that of the worker that made the run's last step, since one
+    that ends earlier may measure the model as the others' stale gradients
+    land."""
+    accuracies = [a for output in outputs
+                  for a in final_accuracies(output).values()]
+    if script == 'sync':
+        return min(accuracies)
+    last_steps = [int(step) for output in outputs
+                  for _, step in FINAL_STEP.findall(output)]
+    assert len(last_steps) == len(accuracies)
+    return accuracies[last_steps.index(max(last_steps))]
+
+
 def evaluations(output):
     """The evaluator's lines: (global step, accuracy), one per checkpoint."""
     return [(int(s), float(a)) for s, a in EVALUATED.findall(output)]

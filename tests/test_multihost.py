@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import final_accuracies, left_running, network_hosts
+from conftest import (final_accuracies, left_running, network_hosts,
+                      run_accuracy)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -44,4 +45,5 @@ def test_two_ps_three_workers_on_five_hosts(procs, hosts, small_data, script):
         assert 'Traceback' not in output
         assert left_running(proc) == []
         if job == 'worker':
-            assert final_accuracies(output)[index] > 0.9, output
+            assert index in final_accuracies(output), output
+    assert run_accuracy([procs.output(p) for p in started[2:]], script) > 0.9
