@@ -11,8 +11,7 @@ import time
 import pytest
 
 from conftest import (LONG_RUN, SCRIPTS, assert_clean_exit,
-                      assert_interrupted, final_accuracies, left_running,
-                      run_accuracy)
+                      assert_interrupted, final_accuracies, run_accuracy)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -29,16 +28,13 @@ def test_sixteen_workers_complete(procs, free_ports, small_data, script,
                                 num_ps=num_ps)
     ps = ps if num_ps > 1 else [ps]
     procs.wait_all(workers + ps, 420)
-    outputs = [procs.output(worker) for worker in workers]
-    for i, (worker, output) in enumerate(zip(workers, outputs)):
-        assert worker.returncode == 0, output
-        assert 'Traceback' not in output
+    outputs = [assert_clean_exit(procs, worker, 0) for worker in workers]
+    for i, output in enumerate(outputs):
         assert i in final_accuracies(output), output
     # The classes are separable: with 2 ps tasks, w and b apart, too.
     assert run_accuracy(outputs, script) > 0.9
-    for proc in workers + ps:
-        assert proc.returncode == 0, procs.output(proc)
-        assert left_running(proc) == []
+    for proc in ps:
+        assert_clean_exit(procs, proc, 0)
 
 
 # Sync workers say once which worker is gone; the chief put back the token

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import (final_accuracies, left_running, network_hosts,
+from conftest import (assert_clean_exit, final_accuracies, network_hosts,
                       run_accuracy)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
@@ -39,11 +39,8 @@ def test_two_ps_three_workers_on_five_hosts(procs, hosts, small_data, script):
              '--validation_size=100', '--epochs=3', '--learning_rate=0.5'],
             '%s%d' % (job, index)))
     procs.wait_all(started, 180)
-    for proc, (job, index) in zip(started, tasks):
-        output = procs.output(proc)
-        assert proc.returncode == 0, output
-        assert 'Traceback' not in output
-        assert left_running(proc) == []
+    outputs = [assert_clean_exit(procs, proc, 0) for proc in started]
+    for output, (job, index) in zip(outputs, tasks):
         if job == 'worker':
             assert index in final_accuracies(output), output
-    assert run_accuracy([procs.output(p) for p in started[2:]], script) > 0.9
+    assert run_accuracy(outputs[2:], script) > 0.9
