@@ -143,7 +143,8 @@ def main(_):
         accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
 
     # PS: the chief writes checkpoints and summaries in --logdir, from the
-    # session below (a failed save would stop the Supervisor's own); the
+    # session below (a failed save would stop the Supervisor's own), named
+    # relative to it, so a copied or moved logdir resumes from its own; the
     # others check for the model every second, not every 30.
     sv = tf.train.Supervisor(is_chief=is_chief,  # PS:
                              logdir=FLAGS.logdir,
@@ -152,6 +153,7 @@ def main(_):
                              ready_for_local_init_op=(  # SYNC:
                                  optimizer.ready_for_local_init_op),
                              global_step=global_step,
+                             saver=tf.train.Saver(save_relative_paths=True),
                              recovery_wait_secs=1,
                              save_model_secs=0)
 

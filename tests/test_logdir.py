@@ -128,6 +128,9 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
             r'^worker=0: restored the model from (.*) at global_step=(\d+), '
             r'on (\d+) ps and (\d+) workers$', chief, re.M)
         assert restored, chief
+        # From the copy's own checkpoint, not the original's, which the
+        # cluster beside it overwrites.
+        assert restored.group(1).startswith(copies[name] + os.sep)
         assert int(restored.group(2)) == saved_step > 0
         assert (int(restored.group(3)), int(restored.group(4))) == (
             shape.get('num_ps', 1), shape.get('num_workers', 3))
