@@ -12,7 +12,7 @@ import pytest
 from ps_cluster import sources
 
 from conftest import (assert_clean_exit, assert_one_error_line,
-                      final_accuracies, run_accuracy)
+                      evaluations, final_accuracies, run_accuracy)
 
 
 @pytest.mark.parametrize('value, hosts', [
@@ -131,9 +131,8 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
             if job == 'worker':
                 assert index in final_accuracies(output)
             if job == 'evaluator':  # to the last step: 6 epochs of 10
-                assert re.findall(r'^evaluator: global_step=(\d+),', output,
-                                  re.M)[-1] == ('180' if script == 'async'
-                                                else '60')
+                assert evaluations(output)[-1][0] == (
+                    180 if script == 'async' else 60)
         workers = [procs.output(proc) for proc, (job, _) in zip(run, tasks)
                    if job == 'worker']
         assert run_accuracy(workers, script) > 0.9
