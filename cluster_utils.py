@@ -13,8 +13,9 @@ import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import errors, evaluator, exits, ps_serving, server, sources
-from ps_cluster.export import export_saved_model
+from ps_cluster import (errors, evaluator, exits, liveness, ps_serving,
+                        server, sources)
+from ps_cluster.export import Exists, export_saved_model
 from ps_cluster.logdir import Logdir
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.sync_tokens import SyncTokens
@@ -180,6 +181,12 @@ def cluster_spec():
     print('%s: cluster from %s: ps %s, workers %s; %s'
           % (_task_name(), source, ','.join(cluster.job_tasks('ps')),
              ','.join(cluster.job_tasks('worker')), here), flush=True)
+    if FLAGS.job_name == 'worker':
+        # A worker that ends on purpose, from its start-up checks on, tells
+        # the ps tasks why: the others quote it instead of waiting for it.
+        # At start, a ps started beside it may not be up yet.
+        _end.before_leaving(lambda reason: liveness.say_left(
+            cluster, FLAGS.task_index, reason, _end.LAST_WORDS_SECS - 1))
     return cluster
 
 
@@ -197,28 +204,45 @@ def _take_task(source, cluster, job_name, task_index):
 
 def start_server(cluster):
     """tf.train.Server for this task, once what it will write is known to
-    be writable; one line if its port is taken. An evaluator has none."""
+    be writable (the chief's or an evaluator's --logdir); one line if its
+    port is taken. An evaluator has none."""
+    logdir = _chief_logdir() or (FLAGS.job_name == 'evaluator' and Logdir(
+        FLAGS.logdir, _task_name()))
+    if logdir:
+        try:
+            logdir.check()
+        except ValueError as e:
+            _end.fail(e, status=2)  # a usage error: it ends the task
     if FLAGS.job_name == 'evaluator':
         return None
-    chief_logdir = _chief_logdir()
-    if chief_logdir:
-        chief_logdir.check()
     return server.start(cluster, FLAGS.job_name, FLAGS.task_index,
                         _session_config(), _end)
 
 
 def join(ps_server, cluster):
     """server.join() for a ps task, but it ends: once every worker has come
-    and gone, or fell silent for --worker_timeout."""
-    ps_serving.serve_until_workers_gone(
+    and gone, or fell silent for --worker_timeout. It ends the task, with
+    one line naming a worker that left on purpose and why, if one did."""
+    left = ps_serving.serve_until_workers_gone(
         ps_server, cluster, FLAGS.task_index, _end, FLAGS.startup_timeout,
         FLAGS.worker_timeout)
+    if left:
+        index, reason = left[0]
+        others = (' (and %d more: their own lines say why)' % (len(left) - 1)
+                  if len(left) > 1 else '')
+        print('%s: every worker has ended; /job:worker/task:%d (%s) left%s: '
+              '"%s"' % (_task_name(), index,
+                        cluster.task_address('worker', index), others,
+                        reason), flush=True)
     _end.leave()
 
 
 def load_mnist(cluster, images_per_run):
     """The data sets of --data_dir, or the end of this task saying why not.
-    With --shard_data, this worker's own slice of the training set."""
+    With --shard_data, this worker's own slice of the training set. A ps
+    needs none: None."""
+    if FLAGS.job_name == 'ps':
+        return None
     try:
         mnist = mnist_data.read_data_sets(
             FLAGS.data_dir, FLAGS.validation_size, FLAGS.data_mirror)
@@ -248,12 +272,16 @@ def training_session(sv, worker_server, cluster, tokens=None):
     up, in a session that waits for a lost ps to come back and trains on.
     The chief restores the last checkpoint in --logdir, or joins the model
     live on the ps."""
-    return RecoverableSession(
+    sess = RecoverableSession(
         sv, worker_server, cluster, _session_config(), FLAGS.task_index, _end,
         startup_timeout=FLAGS.startup_timeout, ps_timeout=FLAGS.ps_timeout,
         stall_timeout=FLAGS.stall_timeout,
         save_checkpoint_secs=FLAGS.save_checkpoint_secs,
         logdir=_chief_logdir(), tokens=tokens)
+    # From now on a ps that does not answer is lost, not late: one try.
+    _end.before_leaving(lambda reason: liveness.say_left(
+        cluster, FLAGS.task_index, reason))
+    return sess
 
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
@@ -290,14 +318,21 @@ def export(sess, model, mnist):
 
 
 def _export(model, values, step, test):
+    """One writer per export: the chief and an evaluator may both have
+    --export_dir; the second to come finds the same model there."""
     if not FLAGS.export_dir:
         return
     path = os.path.join(FLAGS.export_dir, str(step))
-    if tf.io.gfile.exists(path):
-        _end.fail('cannot export the model to %s: it exists' % path)
     try:
         accuracy = export_saved_model(model, values, path, test,
                                       mnist_data.IMAGE_PIXELS)
+    except Exists as e:
+        if not e.same_model:
+            _end.fail('cannot export the model to %s: it exists, and holds '
+                      'another model' % path)
+        print('%s: the model at global_step=%d is exported already, to %s'
+              % (_task_name(), step, path), flush=True)
+        return
     except (tf.errors.OpError, OSError) as e:
         _end.fail('cannot export the model to %s (%s)'
                   % (path, errors.what_went_wrong(e)))

@@ -181,19 +181,33 @@ for ((i = 0; i < num_ps; i++)); do
     pkill -KILL -P "${ps_pids[i]}"
   fi
   wait "${ps_pids[i]}"
-  status=$?
-  ((status == 0)) || { failed=1; echo "ps $i: exit $status, see $run_dir/ps$i.log"; }
+  ps_status[i]=$?
+  ((ps_status[i] == 0)) || failed=1
 done
 
 for pid in "${evaluator_pids[@]}"; do
   wait "$pid"
-  status=$?
-  ((status == 0)) || { failed=1; echo "evaluator: exit $status, see $run_dir/evaluator0.log"; }
+  evaluator_status=$?
+  ((evaluator_status == 0)) || failed=1
 done
 
+why() {  # LOG: the task's own line that says why it ended, indented
+  grep -E ': error: |: interrupted$' "$1" | tail -n 1 | sed 's/^/    /'
+}
 echo "---- $mode, $num_workers workers, logs in $run_dir"
+for ((i = 0; i < num_ps; i++)); do
+  if ((ps_status[i] != 0)); then
+    echo "ps $i: exit ${ps_status[i]}"
+    why "$run_dir/ps$i.log"
+  fi
+done
 for ((i = 0; i < num_workers; i++)); do
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
   echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
+  ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
 done
+if ((evaluator)) && ((evaluator_status != 0)); then
+  echo "evaluator: exit $evaluator_status"
+  why "$run_dir/evaluator0.log"
+fi
 exit $failed

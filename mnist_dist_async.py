@@ -72,6 +72,11 @@ def main(_):
     # BOOK: clusterSpec = tf.train.ClusterSpec({'ps': ps, 'worker': workers})
     # of fixed lists; here from --ps/--worker, TF_CONFIG or Slurm.
     cluster = cluster_utils.cluster_spec()  # PS: BOOK:
+    # BOOK: mnist = input_data.read_data_sets(...), first in main; a ps
+    # needs no data. Read before the server starts: a task that cannot
+    # train never joins. ASYNC: each session.run takes K batches.
+    images_per_run = FLAGS.batch_size * FLAGS.steps_per_run  # ASYNC:
+    mnist = cluster_utils.load_mnist(cluster, images_per_run)  # BOOK:
     server = cluster_utils.start_server(cluster)  # PS: BOOK: tf.train.Server
 
     if FLAGS.job_name == 'ps':  # PS:
@@ -79,10 +84,6 @@ def main(_):
         # every worker has come and gone.
         cluster_utils.join(server, cluster)  # PS: BOOK:
 
-    # BOOK: mnist = input_data.read_data_sets(...), first in main; a ps
-    # needs no data. ASYNC: each session.run takes K batches.
-    images_per_run = FLAGS.batch_size * FLAGS.steps_per_run  # ASYNC:
-    mnist = cluster_utils.load_mnist(cluster, images_per_run)  # BOOK:
     n_batches = len(mnist.train.images) // FLAGS.batch_size
     is_chief = FLAGS.task_index == 0  # PS: it initializes, saves, restores
     # ASYNC: global steps count every worker's steps; a resumed run ends

@@ -30,22 +30,28 @@ class TaskEnd:
     def __init__(self, name):
         self.name = name
         self._ending = threading.Lock()
-        self._last_words = []
+        self._tell = None
 
     def before_leaving(self, tell):
         """tell(reason) will be called when this task ends on purpose: an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
-        a task it will start again, nor a crash."""
-        self._last_words.append(tell)
+        a task it will start again, nor a crash. It replaces the tell given
+        before: a task tells the cluster one way at a time."""
+        self._tell = tell
 
-    def fail(self, message):
-        """Ends this task with a one-line error and status 1, once it has
-        told the cluster why; from the main thread."""
+    def fail(self, message, status=1):
+        """Ends this task with a one-line error and status 1 (2: a usage
+        error), once it has told the cluster why; from the main thread.
+
+        With os._exit: the telling may still be inside TensorFlow's C++,
+        which the interpreter's clean-up would abort.
+        """
         self._end_once()
         print('%s: error: %s' % (self.name(), message), file=sys.stderr,
               flush=True)
         self._say_last_words(str(message))
-        sys.exit(1)
+        sys.stdout.flush()
+        os._exit(status)
 
     def die(self, message, status=1, on_purpose=True):
         """One line on stderr, and the whole task ends at once, from any
@@ -110,12 +116,14 @@ class TaskEnd:
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:
         a frozen ps can block a run of TensorFlow's past its timeout."""
-        def tell_all():
-            for tell in self._last_words:
-                try:
-                    tell(reason)
-                except Exception:  # the other tasks may be gone already
-                    pass
-        thread = threading.Thread(target=tell_all, daemon=True)
+        if self._tell is None:
+            return
+
+        def tell():
+            try:
+                self._tell(reason)
+            except Exception:  # the other tasks may be gone already
+                pass
+        thread = threading.Thread(target=tell, daemon=True)
         thread.start()
         thread.join(self.LAST_WORDS_SECS)

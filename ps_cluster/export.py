@@ -2,17 +2,57 @@
 no device of the cluster in it, and a serving_default signature from images
 to class probabilities and the predicted class."""
 
+import os
+
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 
+class Exists(Exception):
+    """export_dir holds a SavedModel already; same_model says whether its
+    variables hold the values that were to be exported."""
+
+    def __init__(self, export_dir, same_model):
+        super().__init__(export_dir)
+        self.same_model = same_model
+
+
 def export_saved_model(model, values, export_dir, split, pixels):
     """Writes model, its variables set to values ({name: array}), as a
-    SavedModel in export_dir, and returns its accuracy on split.
+    SavedModel in export_dir, and returns its accuracy on split; or raises
+    Exists. It appears whole, by a rename: two tasks may export at once.
 
     model(images) builds the logits of float32 images of `pixels` values in
     [0, 1], with variables named as in values.
     """
+    if tf.io.gfile.exists(export_dir):
+        raise Exists(export_dir, _holds(export_dir, values))
+    staging = '%s.tmp-%d' % (export_dir, os.getpid())
+    accuracy = _write(model, values, staging, split, pixels)
+    try:
+        tf.io.gfile.rename(staging, export_dir)
+    except tf.errors.OpError:
+        tf.io.gfile.rmtree(staging)
+        if not tf.io.gfile.exists(export_dir):
+            raise
+        raise Exists(export_dir, _holds(export_dir, values))
+    return accuracy
+
+
+def _holds(export_dir, values):
+    """Whether every variable of the SavedModel in export_dir holds its
+    value in values (which may name more, the global step)."""
+    try:
+        reader = tf.train.load_checkpoint(
+            os.path.join(export_dir, 'variables', 'variables'))
+    except (tf.errors.OpError, ValueError):  # no SavedModel of ours there
+        return False
+    saved = reader.get_variable_to_shape_map()
+    return bool(saved) and all(name in values and np.array_equal(
+        reader.get_tensor(name), values[name]) for name in saved)
+
+
+def _write(model, values, export_dir, split, pixels):
     with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
         images = tf.placeholder(tf.float32, [None, pixels], name='images')
         logits = model(images)

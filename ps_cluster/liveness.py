@@ -9,9 +9,10 @@ the workers read ps 0's count to learn that another worker is gone, and
 each ps's farewell to learn why it ended. A worker's cost is one small RPC
 to each ps task per poll, whatever the number of workers.
 
-A worker that ends marks its slot: DONE, or LEFT on an error of its own or
-Ctrl-C. The counters live in a graph of their own, so the Supervisor
-neither saves, initializes nor waits for them.
+A worker that ends marks its slot: DONE, or LEFT, with its reason, on an
+error of its own or Ctrl-C, whenever it fails: at start-up too, before it
+has a server of its own. The counters live in a graph of their own, so the
+Supervisor neither saves, initializes nor waits for them.
 """
 
 import threading
@@ -20,7 +21,7 @@ import time
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import errors
+from ps_cluster import errors, probes
 
 # The marks of a worker's beats that end it: done, or left on purpose.
 DONE, LEFT = -1, -2
@@ -32,8 +33,9 @@ GONE_SECS = 5
 def counters(num_workers, ps_tasks):
     """The counters of each of ps_tasks (their indices): `beats`, one per
     worker, which DONE or LEFT ends; `departures`, how many times each
-    worker was found gone; and `farewell`, why the ps ends on purpose."""
-    beats, departures, farewells = [], [], []
+    worker was found gone; `farewell`, why the ps ends on purpose; and
+    `reasons`, why each worker that LEFT did."""
+    beats, departures, farewells, reasons = [], [], [], []
     for k in ps_tasks:
         with tf.device('/job:ps/task:%d' % k):
             beats.append(tf.Variable(tf.zeros([num_workers], tf.int64),
@@ -41,7 +43,48 @@ def counters(num_workers, ps_tasks):
             departures.append(tf.Variable(tf.zeros([num_workers], tf.int64),
                                           name='liveness/departures_%d' % k))
             farewells.append(tf.Variable('', name='liveness/farewell_%d' % k))
-    return beats, departures, farewells
+            reasons.append(tf.Variable(tf.fill([num_workers], ''),
+                                       name='liveness/reasons_%d' % k))
+    return beats, departures, farewells, reasons
+
+
+def say_left(cluster, task_index, reason, secs=0):
+    """Marks worker task_index LEFT, with its reason, on each ps task that
+    answers, trying again for secs those that are not up yet, in sessions
+    of its own: a worker that fails before it has a server, or a Watchdog,
+    tells the others why all the same."""
+    deadline = time.time() + secs
+    untold = list(enumerate(cluster.job_tasks('ps')))
+    while True:
+        for k, address in list(untold):
+            # Opening a session waits with no timeout for a ps not there.
+            if probes.is_listening(address) and _mark_left(
+                    address, k, cluster.num_tasks('worker'), task_index,
+                    reason):
+                untold.remove((k, address))
+        if not untold or time.time() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def _mark_left(address, k, num_workers, task_index, reason):
+    """Whether ps task k, at address, took the mark: its counters may not
+    be set up yet."""
+    with tf.Graph().as_default() as graph:
+        [beats], _, _, [reasons] = counters(num_workers, [k])
+        # The reason first: LEFT is what the others act on.
+        with tf.control_dependencies([tf.scatter_update(
+                reasons, [task_index], [reason])]):
+            mark = tf.scatter_update(beats, [task_index],
+                                     tf.constant([LEFT], tf.int64))
+    try:
+        with tf.Session('grpc://' + address, graph=graph,
+                        config=tf.ConfigProto(device_filters=[
+                            '/job:ps/task:%d' % k])) as sess:
+            sess.run(mark, options=Watchdog.RUN_OPTIONS)
+        return True
+    except tf.errors.OpError:  # not set up yet, or not answering
+        return False
 
 
 def _left_before_the_model(beats, global_step):
@@ -90,7 +133,7 @@ class Watchdog(tf.train.LooperThread):
         self._paused = threading.Event()
         graph = tf.Graph()
         with graph.as_default():
-            beats, departures, self.farewells = counters(
+            beats, departures, self.farewells, reasons = counters(
                 len(self.workers), range(len(self.ps_tasks)))
 
             def mark(value):
@@ -100,8 +143,10 @@ class Watchdog(tf.train.LooperThread):
             one = tf.constant([1], tf.int64)
             self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
                                       for b in beats])
-            self.done_op, self.left_op = mark(DONE), mark(LEFT)
+            self.done_op = mark(DONE)
             self.beats, self.departures = beats[0], departures[0]
+            with tf.device(reasons[0].device):
+                self.chief_reason = reasons[0][0]
             # Summed where it lies: a scalar a poll, not a vector.
             with tf.device(self.departures.device):
                 self.departed = tf.reduce_sum(self.departures)
@@ -139,10 +184,6 @@ class Watchdog(tf.train.LooperThread):
             if np.all(((beats < 0) | (now - heard > GONE_SECS))[others]):
                 return
             time.sleep(self.POLL_SECS)
-
-    def say_left(self):
-        """Marks this worker as gone on purpose, on every ps task."""
-        self._run(self.left_op)
 
     def silent_workers(self):
         """The other workers whose counters do not move over a second, not
@@ -239,8 +280,11 @@ class Watchdog(tf.train.LooperThread):
         self.last_departures = departures
 
     def _chief_went_away(self):
+        reason = self._run(self.chief_reason)
         self.end.die('error: the chief, /job:worker/task:0 (%s), went away '
-                     'before the model was ready' % self.workers[0])
+                     'before the model was ready%s' % (
+                         self.workers[0],
+                         ': "%s"' % reason.decode() if reason else ''))
 
     def _is_gone(self):
         try:

@@ -8,20 +8,22 @@ import threading
 
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import errors, exits
+from ps_cluster import errors
 
 
 class Logdir:
     """Where the chief writes checkpoints and summaries, and what a failed
     write there says; task_name names the chief in its lines."""
 
+    CLOSE_SECS = 10
+
     def __init__(self, path, task_name):
         self.path, self.task_name = path, task_name
 
     def check(self):
-        """It must be a directory, or be creatable, and take a file; else a
-        usage error. A write that fails later, in TensorFlow's summary
-        thread, is one line."""
+        """It must be a directory, or be creatable, and take a file; else
+        ValueError says why. A write that fails later, in TensorFlow's
+        summary thread, is one line."""
         probe = os.path.join(self.path, '.writable')
         try:
             tf.io.gfile.makedirs(self.path)
@@ -29,8 +31,8 @@ class Logdir:
                 f.write('')
             tf.io.gfile.remove(probe)
         except tf.errors.OpError as e:
-            exits.usage_error('--logdir=%s: cannot write there (%s)'
-                              % (self.path, errors.what_went_wrong(e)))
+            raise ValueError('--logdir=%s: cannot write there (%s)'
+                             % (self.path, errors.what_went_wrong(e)))
         threading.excepthook = self._summary_writer_failed
 
     def save_checkpoint(self, sv, sess):
@@ -42,6 +44,25 @@ class Logdir:
             pass  # a lost ps, which the main thread waits for
         except tf.errors.OpError as e:
             self.failed('save a checkpoint', e)
+
+    def close_summaries(self, writer):
+        """Closes the summary writer, or gives up on it after CLOSE_SECS
+        with one line: TensorFlow's flush waits for good if its writer
+        thread dies between marking the last flush done and closing its
+        queue (event_file_writer.py)."""
+        def close():
+            try:
+                writer.close()
+            except RuntimeError:  # its thread failed, and said so
+                pass
+        closing = threading.Thread(target=close, daemon=True)
+        closing.start()
+        closing.join(self.CLOSE_SECS)
+        if closing.is_alive():
+            print('%s: error: cannot close the summaries in --logdir=%s '
+                  'within %d s; leaving them' % (
+                      self.task_name, self.path, self.CLOSE_SECS),
+                  file=sys.stderr, flush=True)
 
     def failed(self, what, error):
         print('%s: error: cannot %s in --logdir=%s (%s); training goes on'

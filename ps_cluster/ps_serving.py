@@ -17,7 +17,9 @@ STARTUP_GRACE_SECS = 5
 def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
                              worker_timeout):
     """Serves until every worker has come up and ended, or is silent for
-    worker_timeout; instead of server.join(), which never returns.
+    worker_timeout; instead of server.join(), which never returns. Returns
+    the workers that left on purpose, at start-up or later, and why: a list
+    of (index, reason).
 
     It reads the counters where they lie, on this ps, with no RPC, and ps 0
     counts departures for the workers to read. A worker that never beats
@@ -26,8 +28,8 @@ def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
     """
     workers = cluster.job_tasks('worker')
     with tf.Graph().as_default():
-        [beats], [departures], [farewell] = liveness.counters(len(workers),
-                                                              [index])
+        [beats], [departures], [farewell], [reasons] = liveness.counters(
+            len(workers), [index])
         gone_now = tf.placeholder(tf.int64, [None])
         depart = tf.scatter_add(departures, gone_now,
                                 tf.ones_like(gone_now))
@@ -35,7 +37,8 @@ def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
         say = farewell.assign(reason)
         sess = tf.Session(server.target, config=tf.ConfigProto(
             device_filters=['/job:ps/task:%d' % index]))
-        sess.run(tf.variables_initializer([beats, departures, farewell]))
+        sess.run(tf.variables_initializer([beats, departures, farewell,
+                                           reasons]))
 
     def tell_workers(why):
         """Until every worker has read why and left, or is silent."""
@@ -65,7 +68,9 @@ def serve_until_workers_gone(server, cluster, index, end, startup_timeout,
             gone |= newly_gone
             sess.run(depart, {gone_now: np.flatnonzero(newly_gone)})
         if np.all(ended | (silent > worker_timeout)):
-            return
+            left = np.flatnonzero(values == liveness.LEFT)
+            return [(i, reason.decode())
+                    for i, reason in zip(left, sess.run(reasons)[left])]
         probes.fail_if_late('worker', workers,
                             set(np.flatnonzero(np.isnan(heard))), deadline,
                             startup_timeout, end)

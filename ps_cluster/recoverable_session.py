@@ -51,9 +51,6 @@ class RecoverableSession:
         self._recovering = threading.Event()
         self._freeing = None  # a thread that frees the main thread
         errors.parse_errors_in_linear_time()
-        # Ending on purpose, this worker tells the ps tasks it left.
-        end.before_leaving(
-            lambda _: self.watchdog and self.watchdog.say_left())
         probes.wait_for_tasks(cluster, 'ps', startup_timeout, end)
         with errors.exit_if_cluster_lost(cluster, ('worker', self.me), end), \
                 self._ending_if_ps_away(startup_timeout):
@@ -100,10 +97,7 @@ class RecoverableSession:
                 self.session.close()
             self.sv.stop(close_summary_writer=False)
             if self.sv.summary_writer:
-                try:
-                    self.sv.summary_writer.close()
-                except RuntimeError:  # its thread failed, and said so
-                    pass
+                self.logdir.close_summaries(self.sv.summary_writer)
             if not failed:
                 self.watchdog.mark_done()
         self.stall.stop()

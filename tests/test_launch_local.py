@@ -73,6 +73,32 @@ def test_launcher_reports_failure(procs, tmp_path, free_port_run):
     assert not any(listening(port) for port in range(base, base + 3))
 
 
+def test_launcher_names_the_task_that_failed(procs, tmp_path, free_port_run,
+                                             small_data):
+    """A chief that fails at start: the others end at once, quoting it,
+    not after --startup_timeout; the summary quotes each failed task."""
+    base = free_port_run(4)
+    a_file = tmp_path / 'a-file'
+    a_file.write_text('')
+    launcher = launch(procs, tmp_path, '-H', '-b', str(base), 'async',
+                      '--data_dir=' + small_data, '--validation_size=100',
+                      '--logdir=%s' % a_file)
+    procs.wait_all([launcher], 60)
+    output = procs.output(launcher)
+    assert launcher.returncode == 1, output
+    assert SUMMARY.findall(output) == [('0', '2', 'none'), ('1', '1', 'none'),
+                                       ('2', '1', 'none')]
+    why = '--logdir=%s: cannot write there' % a_file
+    summary = output[output.index('---- async'):].splitlines()
+    assert summary[2] == '    /job:worker/task:0: error: ' + why + (
+        ' (%s is not a directory)' % a_file)
+    for line in summary[4], summary[6]:
+        assert line.startswith('    /job:worker/task:')
+        assert 'the chief, /job:worker/task:0' in line and why in line
+    assert 'did not' not in output
+    assert left_running(launcher) == []
+
+
 # compare runs each mode as a launcher of its own, which the signal must
 # reach too.
 @pytest.mark.parametrize('host_network, mode, signum', [
