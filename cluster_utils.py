@@ -8,6 +8,7 @@ Importing it only defines flags: the scripts set TensorFlow up themselves.
 """
 
 import os
+import sys
 
 import tensorflow.compat.v1 as tf
 from absl import flags
@@ -108,9 +109,16 @@ def _check_host_lists(values):
 
 
 def parse_flags(argv):
-    """absl's parser, but a usage error is one line and exit status 2; and
-    ~ at the start of --data_dir or --logdir is the home directory, as in a
-    shell, which does not expand it after '='."""
+    """absl's parser, but --help lists the cluster's flags too and exits 0,
+    a usage error is one line and exit status 2; and ~ at the start of
+    --data_dir or --logdir is the home directory, as in a shell, which does
+    not expand it after '='."""
+    if {'-h', '--help', '-help', '--helpshort'} & set(argv[1:]):
+        script = sys.modules['__main__']
+        print('%s\n\n%s\n\n%s' % (script.__doc__.strip(),
+                                     FLAGS.module_help(argv[0]),
+                                     FLAGS.module_help(__name__)))
+        sys.exit(0)  # it ends the task
     try:
         argv = FLAGS(argv)
     except flags.Error as e:
@@ -129,16 +137,32 @@ def _task_name():
 _end = exits.TaskEnd(_task_name)
 
 
-def exit_on_signals():
+def end_in_one_line():
     """Ctrl-C and SIGTERM end this task at once with one line, inside
-    sess.run too; after Ctrl-C the other tasks are told why."""
+    sess.run too; after Ctrl-C the other tasks are told why. So does a
+    tf.train.Server whose port is taken: Python's excepthook, for that
+    error alone, says it in one line."""
     _end.on_signals()
 
+    def port_taken(kind, error, traceback):
+        if kind is tf.errors.UnknownError and 'Could not start gRPC server' in (
+                error.message):
+            _end.fail('cannot listen on port %s (%s): is it in use?' % (
+                _address.rpartition(':')[2], _address))
+        sys.__excepthook__(kind, error, traceback)
+    sys.excepthook = port_taken
 
-def cluster_spec():
-    """The cluster, and this task's place in it, from the first of: --ps
-    and --worker; TF_CONFIG; Slurm's variables inside a step of srun; the
-    defaults of --ps and --worker. One line says which."""
+
+# This task's host:port, once cluster_hosts() has found it.
+_address = None
+
+
+def cluster_hosts():
+    """Every task's host:port by job, for tf.train.ClusterSpec, and this
+    task's place in the cluster, from the first of: --ps and --worker;
+    TF_CONFIG; Slurm's variables inside a step of srun; the defaults of
+    --ps and --worker. One line says which."""
+    global _address
     given = FLAGS['ps'].present or FLAGS['worker'].present
     # An sbatch script's own shell has SLURM_PROCID too, but is no step of
     # srun: tasks started there by hand describe the cluster with flags.
@@ -173,8 +197,8 @@ def cluster_spec():
             exits.usage_error('--task_index=%d, but %s lists only %d %s '
                               'task(s)' % (FLAGS.task_index, source, tasks,
                                            FLAGS.job_name))
-        here = 'this task: ' + cluster.task_address(FLAGS.job_name,
-                                                   FLAGS.task_index)
+        _address = cluster.task_address(FLAGS.job_name, FLAGS.task_index)
+        here = 'this task: ' + _address
     if source == 'Slurm':
         here += ' (Slurm task %s on %s)' % (os.environ['SLURM_PROCID'],
                                            os.environ.get('SLURMD_NODENAME'))
@@ -187,7 +211,7 @@ def cluster_spec():
         # At start, a ps started beside it may not be up yet.
         _end.before_leaving(lambda reason: liveness.say_left(
             cluster, FLAGS.task_index, reason, _end.LAST_WORDS_SECS - 1))
-    return cluster
+    return cluster.as_dict()
 
 
 def _take_task(source, cluster, job_name, task_index):
@@ -202,21 +226,19 @@ def _take_task(source, cluster, job_name, task_index):
     return cluster
 
 
-def start_server(cluster):
-    """tf.train.Server for this task, once what it will write is known to
-    be writable (the chief's or an evaluator's --logdir); one line if its
-    port is taken. An evaluator has none."""
-    logdir = _chief_logdir() or (FLAGS.job_name == 'evaluator' and Logdir(
-        FLAGS.logdir, _task_name()))
+def check_logdir():
+    """The chief's --logdir, which it writes, must take a file: else one
+    line and exit status 2 before it joins the cluster."""
+    logdir = _chief_logdir()
     if logdir:
-        try:
-            logdir.check()
-        except ValueError as e:
-            _end.fail(e, status=2)  # a usage error: it ends the task
-    if FLAGS.job_name == 'evaluator':
-        return None
-    return server.start(cluster, FLAGS.job_name, FLAGS.task_index,
-                        _session_config(), _end)
+        _check(logdir)
+
+
+def _check(logdir):
+    try:
+        logdir.check()
+    except ValueError as e:
+        _end.fail(e, status=2)  # a usage error: it ends the task
 
 
 def join(ps_server, cluster):
@@ -239,10 +261,7 @@ def join(ps_server, cluster):
 
 def load_mnist(cluster, images_per_run):
     """The data sets of --data_dir, or the end of this task saying why not.
-    With --shard_data, this worker's own slice of the training set. A ps
-    needs none: None."""
-    if FLAGS.job_name == 'ps':
-        return None
+    With --shard_data, this worker's own slice of the training set."""
     try:
         mnist = mnist_data.read_data_sets(
             FLAGS.data_dir, FLAGS.validation_size, FLAGS.data_mirror)
@@ -260,11 +279,14 @@ def load_mnist(cluster, images_per_run):
     return mnist
 
 
-def sync_tokens(optimizer, cluster, global_step, last_step):
-    """A SyncReplicasOptimizer's chief queue runner and tokens, and what the
-    workers do with them when a worker or a ps is lost."""
-    return SyncTokens(optimizer, FLAGS.task_index == 0, global_step,
-                      last_step, cluster.num_tasks('worker'))
+def sync_tokens(optimizer, chief_queue_runner, init_token_op, cluster,
+                global_step, last_step):
+    """What a SyncReplicasOptimizer's chief does with its queue runner and
+    tokens, and what the workers do with the tokens when a worker or a ps
+    is lost."""
+    return SyncTokens(optimizer, chief_queue_runner, init_token_op,
+                      FLAGS.task_index == 0, global_step, last_step,
+                      cluster.num_tasks('worker'))
 
 
 def training_session(sv, worker_server, cluster, tokens=None):
@@ -273,7 +295,7 @@ def training_session(sv, worker_server, cluster, tokens=None):
     The chief restores the last checkpoint in --logdir, or joins the model
     live on the ps."""
     sess = RecoverableSession(
-        sv, worker_server, cluster, _session_config(), FLAGS.task_index, _end,
+        sv, worker_server, cluster, session_config(), FLAGS.task_index, _end,
         startup_timeout=FLAGS.startup_timeout, ps_timeout=FLAGS.ps_timeout,
         stall_timeout=FLAGS.stall_timeout,
         save_checkpoint_secs=FLAGS.save_checkpoint_secs,
@@ -296,7 +318,9 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
 def evaluate(model, mnist, last_step):
     """An evaluator's run: each new checkpoint in --logdir, measured on
     --eval_split, until the one at last_step; then, with --export_dir, its
-    SavedModel. It ends the task."""
+    SavedModel. It ends the task; first, one line if it cannot write its
+    summaries in --logdir."""
+    _check(Logdir(FLAGS.logdir, _task_name()))
     split = getattr(mnist, FLAGS.eval_split)
     evaluator.follow(model, split, FLAGS.eval_split, FLAGS.logdir, last_step,
                      FLAGS.eval_timeout, _end, mnist_data.IMAGE_PIXELS,
@@ -345,7 +369,9 @@ def leave():
     _end.leave()
 
 
-def _session_config():
+def session_config():
+    """The config of this task's server and sessions: the book's, and a
+    worker's device filter."""
     return server.session_config(FLAGS.job_name, FLAGS.task_index,
                                  FLAGS.gpu_memory_fraction)
 

@@ -13,49 +13,44 @@ Start one process per task, for example on one machine:
     python mnist_dist_sync.py --job_name=worker --task_index=0   # the chief
     python mnist_dist_sync.py --job_name=worker --task_index=1
     python mnist_dist_sync.py --job_name=worker --task_index=2
-The cluster's flags (--ps, --worker, --logdir...) are in cluster_utils.py.
+--help lists every flag, the cluster's too.
 
-A marker at the end of a statement's first line labels the statement, and
-a comment above it that starts with the marker says more: # PS: it makes
-the program distributed; # ASYNC: or # SYNC: it differs from
-mnist_dist_async.py; # BOOK: it stands for a line of the book's script,
-quoted, and says why. Skip the # BOOK: statements and the rest is the
-book's script, in its order (docs/book.md).
+A comment that starts with PS: says why the block below it, up to the next
+blank line, makes the program distributed; ASYNC: or SYNC:, why it differs
+from mnist_dist_async.py, and nothing else does. docs/book.md quotes the
+book's lines beside the ones that stand for them.
 """
 
-import itertools  # SYNC: for epoch in itertools.count()
+# SYNC: the workers train until the last global step, not for epochs.
+import itertools
 import os
 import time
 
-# TensorFlow prints pages of C++ start-up lines unless told before its import.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# TensorFlow's C++ logs pages at start-up, and on a machine without a GPU
+# an ERROR line (cuInit failed) that reads as ours: FATAL only.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import numpy as np  # noqa: E402
-import tensorflow.compat.v1 as tf  # noqa: E402 BOOK: import tensorflow as tf
+import tensorflow.compat.v1 as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import cluster_utils  # noqa: E402 PS: the cluster's flags and calls
-import mnist_data  # noqa: E402 BOOK: tensorflow.examples...input_data
+import cluster_utils  # noqa: E402
+import mnist_data  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_float(  # BOOK: learning_rate = 0.01 in main; a flag
-    'learning_rate', 0.01, 'Learning rate of gradient descent.')
-flags.DEFINE_integer(  # BOOK: n_epochs = 50 in main; a flag
-    'epochs', 50, 'Passes of each worker over the training set.',
-    lower_bound=1)
-flags.DEFINE_integer(  # BOOK: batch_size = 100 in main; a flag
-    'batch_size', 100, 'Images per training step.', lower_bound=1)
-flags.DEFINE_integer(  # BOOK: n_epochs_print = 10 in main; a flag
-    'print_every_epochs', 10, 'Print the loss every this many epochs.',
-    lower_bound=1)
-flags.register_validator(  # BOOK: (none): a flag can be given wrong
-    'learning_rate', lambda v: v > 0, 'must be positive')
-flags.DEFINE_integer(  # PS: a straggler on purpose, for the benchmark
-    'step_delay_ms', 0, 'Sleep this long after each session.run.',
-    lower_bound=0)
-flags.DEFINE_integer(  # SYNC: fewer than the workers: backup workers
-    'replicas_to_aggregate', None, 'Gradients per update (default: all the '
-    'workers).', lower_bound=1)
+flags.DEFINE_float('learning_rate', 0.01, 'Learning rate of gradient descent.')
+flags.register_validator('learning_rate', lambda v: v > 0, 'must be positive')
+flags.DEFINE_integer('epochs', 50, 'Passes of each worker over the training '
+                     'set.', lower_bound=1)
+flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
+                     lower_bound=1)
+flags.DEFINE_integer('print_every_epochs', 10, 'Print the loss every this '
+                     'many epochs.', lower_bound=1)
+flags.DEFINE_integer('step_delay_ms', 0, 'Sleep this long after each '
+                     'session.run: a straggler on purpose.', lower_bound=0)
+# SYNC: fewer gradients an update than workers make backup workers.
+flags.DEFINE_integer('replicas_to_aggregate', None, 'Gradients per update '
+                     '(default: all the workers).', lower_bound=1)
 
 
 def model(x_p):
@@ -68,139 +63,144 @@ def model(x_p):
 
 
 def main(_):
-    cluster_utils.exit_on_signals()  # PS: a signal ends a task in one line
-    tf.logging.set_verbosity(tf.logging.ERROR)  # BOOK: (none): else it warns
-    tf.disable_v2_behavior()  # BOOK: (none): TF 2.x runs 1.x graphs so
-    # BOOK: clusterSpec = tf.train.ClusterSpec({'ps': ps, 'worker': workers})
-    # of fixed lists; here from --ps/--worker, TF_CONFIG or Slurm.
-    cluster = cluster_utils.cluster_spec()  # PS: BOOK:
-    # BOOK: mnist = input_data.read_data_sets(...), first in main; a ps
-    # needs no data. Read before the server starts: a task that cannot
-    # train never joins. SYNC: the wrapped optimizer serves one step a run.
-    images_per_run = FLAGS.batch_size  # SYNC:
-    mnist = cluster_utils.load_mnist(cluster, images_per_run)  # BOOK:
-    server = cluster_utils.start_server(cluster)  # PS: BOOK: tf.train.Server
+    # PS: Ctrl-C, SIGTERM or a port in use end a task with one line.
+    cluster_utils.end_in_one_line()
+    tf.logging.set_verbosity(tf.logging.ERROR)
+    tf.disable_v2_behavior()
 
-    if FLAGS.job_name == 'ps':  # PS:
-        # BOOK: server.join(), which never returns; this ends the ps once
-        # every worker has come and gone.
-        cluster_utils.join(server, cluster)  # PS: BOOK:
+    # PS: every task's address, by job, from --ps/--worker, TF_CONFIG or
+    # Slurm; a ps only serves, until every worker has come and gone.
+    cluster = tf.train.ClusterSpec(cluster_utils.cluster_hosts())
+    if FLAGS.job_name == 'ps':
+        server = tf.train.Server(cluster, job_name='ps',
+                                 task_index=FLAGS.task_index,
+                                 config=cluster_utils.session_config())
+        cluster_utils.join(server, cluster)  # it ends the task
 
+    # SYNC: the wrapped optimizer serves one step a session.run.
+    images_per_run = FLAGS.batch_size
+    mnist = cluster_utils.load_mnist(cluster, images_per_run)
     n_batches = len(mnist.train.images) // FLAGS.batch_size
-    is_chief = FLAGS.task_index == 0  # PS: it initializes, saves, restores
     # SYNC: every worker stops at the same global step, not after its own
-    # epochs: one that left early would leave the others waiting for its
-    # gradients forever. Each update takes a step of every worker.
-    last_step = FLAGS.epochs * n_batches  # SYNC:
+    # epochs, or the others would wait for its gradients forever; each
+    # update takes a step of every worker.
+    last_step = FLAGS.epochs * n_batches
 
-    # PS: an evaluator is no task of the cluster: it measures the chief's
-    # checkpoints in --logdir, and ends once it has the run's last step.
-    if FLAGS.job_name == 'evaluator':  # PS:
-        cluster_utils.evaluate(model, mnist, last_step)
+    # PS: an evaluator measures the chief's checkpoints, outside the cluster.
+    if FLAGS.job_name == 'evaluator':
+        cluster_utils.evaluate(model, mnist, last_step)  # it ends the task
 
-    # Variables go to the ps tasks, round robin, the computation to this
-    # worker: with two ps or more, w, by far the biggest, has one of its own.
-    with tf.device(tf.train.replica_device_setter(  # PS:
+    # PS: a worker joins once its data and the chief's --logdir are good.
+    cluster_utils.check_logdir()
+    server = tf.train.Server(cluster, job_name='worker',
+                             task_index=FLAGS.task_index,
+                             config=cluster_utils.session_config())
+    is_chief = FLAGS.task_index == 0
+
+    # PS: the variables go to the ps tasks, round robin, the computation to
+    # this worker.
+    with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
-        global_step = tf.train.get_or_create_global_step()  # PS: on the ps
+        global_step = tf.train.get_or_create_global_step()
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        logits = model(x_p)  # BOOK: w, b and logits, now at the top
-        cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(  # BOOK:
-            labels=y_p, logits=logits)  # the book's _with_logits is gone
+        logits = model(x_p)
+        cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(
+            labels=y_p, logits=logits)
         loss_op = tf.reduce_mean(cross_entropy)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
-        # SYNC: the book's wrapped optimizer; its accumulators and token
-        # queue live on the ps tasks.
-        num_workers = cluster.num_tasks('worker')  # SYNC:
-        optimizer = tf.train.SyncReplicasOptimizer(  # PS: SYNC:
+        # SYNC: the book's wrapped optimizer, whose accumulators and token
+        # queue live on the ps: the chief sets them up and applies each
+        # update with its queue runner, each other worker sets up its local
+        # step; the tokens let the workers go on after an update.
+        num_workers = cluster.num_tasks('worker')
+        optimizer = tf.train.SyncReplicasOptimizer(
             optimizer,
             replicas_to_aggregate=FLAGS.replicas_to_aggregate or num_workers,
             total_num_replicas=num_workers)
         train_op = optimizer.minimize(loss_op, global_step=global_step)
-
-        # SYNC: once the shared variables are initialized, the chief sets up
-        # the gradient accumulators, each other worker its local step.
-        if is_chief:  # SYNC:
+        if is_chief:
             local_init_op = optimizer.chief_init_op
-        else:  # SYNC:
+        else:
             local_init_op = optimizer.local_step_init_op
-        # SYNC: BOOK: chief_queue_runner = optimizer.get_chief_queue_runner()
-        # and init_token_op = optimizer.get_init_tokens_op(); and the tokens
-        # that free a worker waiting for one after a worker or a ps is lost.
-        tokens = cluster_utils.sync_tokens(  # PS: SYNC: BOOK:
-            optimizer, cluster, global_step, last_step)
-        # SYNC: the global step once this worker's step is over, read on the
-        # ps after the token that freed it was taken; the token's own value,
-        # and a read beside the step, may lag one update behind, and a
-        # worker that missed the last update would wait for the next forever.
-        with tf.device(global_step.device):  # SYNC:
+        chief_queue_runner = optimizer.get_chief_queue_runner()
+        init_token_op = optimizer.get_init_tokens_op()
+        tokens = cluster_utils.sync_tokens(optimizer, chief_queue_runner,
+                                           init_token_op, cluster,
+                                           global_step, last_step)
+
+        # SYNC: the global step after this worker's update, read on the ps
+        # once its token is taken: the token's value may lag one update.
+        with tf.device(global_step.device):
             with tf.control_dependencies([train_op]):
                 step_after = global_step.read_value()
 
         correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
         accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
 
-    # PS: the chief writes checkpoints and summaries in --logdir, from the
-    # session below (a failed save would stop the Supervisor's own), named
-    # relative to it, so a copied or moved logdir resumes from its own; the
-    # others check for the model every second, not every 30.
-    sv = tf.train.Supervisor(is_chief=is_chief,  # PS:
+    # PS: the chief initializes or restores the model and writes checkpoints
+    # and summaries in --logdir, named relative to it so that a moved logdir
+    # resumes; the others wait for the model, checking every second; each
+    # then runs the wrapped optimizer's own initialization.
+    sv = tf.train.Supervisor(is_chief=is_chief,
                              logdir=FLAGS.logdir,
                              init_op=tf.global_variables_initializer(),
-                             local_init_op=local_init_op,  # SYNC:
-                             ready_for_local_init_op=(  # SYNC:
+                             local_init_op=local_init_op,
+                             ready_for_local_init_op=(
                                  optimizer.ready_for_local_init_op),
                              global_step=global_step,
                              saver=tf.train.Saver(save_relative_paths=True),
                              recovery_wait_secs=1,
                              save_model_secs=0)
 
-    # BOOK: with sv.prepare_or_wait_for_session(server.target) as mts:
-    # a session that outlives a lost ps. SYNC: with the tokens.
-    sess = cluster_utils.training_session(  # PS: SYNC: BOOK:
-        sv, server, cluster, tokens)
-    # SYNC: BOOK: if is_chief: mts.run(init_token_op) and
-    # sv.start_queue_runners(mts, [chief_queue_runner]): the chief applies
-    # the updates; in each new session after a lost ps too.
-    if is_chief:  # SYNC:
-        tokens.start_updates(sv, sess)  # SYNC: BOOK:
+    # PS: sv.prepare_or_wait_for_session(server.target), in a session that
+    # waits for a lost ps to come back and trains on.
+    sess = cluster_utils.training_session(sv, server, cluster, tokens)
+    # SYNC: mts.run(init_token_op) and sv.start_queue_runners(mts,
+    # [chief_queue_runner]): in each new session after a lost ps too.
+    if is_chief:
+        tokens.start_updates(sv, sess)
 
-    rng = np.random.default_rng(FLAGS.task_index)  # BOOK: next_batch's order
-    gstep = sess.run(global_step)  # PS: where a resumed run starts
-    log = cluster_utils.training_log(  # PS: pace, totals and TensorBoard
-        sv, sess, gstep, mnist, accuracy_op, x_p, y_p)
+    rng = np.random.default_rng(FLAGS.task_index)
+    gstep = sess.run(global_step)
+    log = cluster_utils.training_log(sv, sess, gstep, mnist, accuracy_op,
+                                     x_p, y_p)
     lstep = 0
-    for epoch in itertools.count():  # SYNC: until the last global step
-        if gstep >= last_step:  # SYNC: a latecomer may find it done
+    # SYNC: the workers stop together at the last global step, printing
+    # only whole epochs, and leave tokens for any other still waiting.
+    for epoch in itertools.count():
+        if gstep >= last_step:
             break
-        for x_batch, y_batch in mnist_data.epoch_batches(  # BOOK: next_batch
+        for x_batch, y_batch in mnist_data.epoch_batches(
                 mnist.train, images_per_run, rng):
             feed_dict = {x_p: x_batch, y_p: y_batch}
-            gstep, loss = sess.run(  # SYNC: the step after the update
+            gstep, loss = sess.run(
                 [step_after, loss_op], feed_dict=feed_dict)
-            lstep += 1  # SYNC: the book's line
-            log.step(gstep, lstep, loss)  # PS:
-            time.sleep(FLAGS.step_delay_ms / 1000)  # PS: a straggler
-            if gstep >= last_step:  # SYNC: the workers stop together
+            lstep += 1
+            log.step(gstep, lstep, loss)
+            time.sleep(FLAGS.step_delay_ms / 1000)
+            if gstep >= last_step:
                 break
-        if ((epoch + 1) % FLAGS.print_every_epochs == 0  # SYNC: whole epochs
+        if ((epoch + 1) % FLAGS.print_every_epochs == 0
                 and gstep < last_step):
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
                   % (FLAGS.task_index, epoch, gstep, lstep, loss), flush=True)
-            log.accuracies(gstep)  # PS:
-    tokens.release(sess)  # SYNC: for any other worker still waiting
+            log.accuracies(gstep)
+    tokens.release(sess)
+
     feed_dict = {x_p: mnist.test.images, y_p: mnist.test.labels}
     accuracy = sess.run(accuracy_op, feed_dict=feed_dict)
     print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
           flush=True)
-    log.final(gstep, accuracy)  # PS:
-    cluster_utils.export(sess, model, mnist)  # PS: --export_dir, the chief
-    sess.close()  # BOOK: the with block's end; it tells the ps it is done
-    cluster_utils.leave()  # PS: at once: TensorFlow cannot stop its server
+    log.final(gstep, accuracy)
+    # PS: the chief exports, once the others are done; closing tells the ps
+    # this worker is done; TensorFlow cannot stop its server.
+    cluster_utils.export(sess, model, mnist)
+    sess.close()
+    cluster_utils.leave()  # it ends the task
 
 
 if __name__ == '__main__':
-    app.run(main, flags_parser=cluster_utils.parse_flags)  # BOOK: tf.app.run()
+    app.run(main, flags_parser=cluster_utils.parse_flags)

@@ -1,4 +1,4 @@
-"""This task's gRPC server, and the config of every session it opens."""
+"""The config of this task's gRPC server and of every session it opens."""
 
 import tensorflow.compat.v1 as tf
 
@@ -16,13 +16,3 @@ def session_config(job, index, gpu_memory_fraction):
         gpu_options=tf.GPUOptions(
             per_process_gpu_memory_fraction=gpu_memory_fraction))
 
-
-def start(cluster, job, index, config, end):
-    """This task's server, or the end of the task if its port is taken."""
-    try:
-        return tf.train.Server(cluster, job_name=job, task_index=index,
-                               config=config)
-    except tf.errors.UnknownError:
-        address = cluster.task_address(job, index)
-        end.fail('cannot listen on port %s (%s): is it in use?'
-                 % (address.rpartition(':')[2], address))

@@ -4,19 +4,19 @@ that no worker waits for a token forever."""
 
 
 class SyncTokens:
-    """The token ops of a wrapped optimizer, made where the book makes its
-    chief_queue_runner and init_token_op.
+    """The token ops of a wrapped optimizer: the book's chief_queue_runner
+    and init_token_op, and those that free a waiting worker.
 
     A worker waits for a token after each step, and the chief puts in one
     per worker for each update. last_step is where every worker stops.
     """
 
-    def __init__(self, optimizer, is_chief, global_step, last_step,
-                 num_workers):
+    def __init__(self, optimizer, chief_queue_runner, init_token_op,
+                 is_chief, global_step, last_step, num_workers):
         self.is_chief = is_chief
         self.global_step, self.last_step = global_step, last_step
-        self.chief_queue_runner = optimizer.get_chief_queue_runner()
-        self.init_tokens_op = optimizer.get_init_tokens_op()
+        self.chief_queue_runner = chief_queue_runner
+        self.init_tokens_op = init_token_op
         # A worker that is done leaves tokens for any other still waiting.
         self.release_op = optimizer.get_init_tokens_op(num_tokens=num_workers)
         self.add_token_op = optimizer.get_init_tokens_op(num_tokens=1)
