@@ -83,7 +83,7 @@ def main(_):
     n_batches = len(mnist.train.images) // FLAGS.batch_size
     # SYNC: every worker stops at the same global step, not after its own
     # epochs, or the others would wait for its gradients forever; each
-    # update takes a step of every worker.
+    # update takes a step of --replicas_to_aggregate workers.
     last_step = FLAGS.epochs * n_batches
 
     # PS: an evaluator measures the chief's checkpoints, outside the cluster.
