@@ -145,8 +145,8 @@ def end_in_one_line():
     _end.on_signals()
 
     def port_taken(kind, error, traceback):
-        if kind is tf.errors.UnknownError and 'Could not start gRPC server' in (
-                error.message):
+        if kind is tf.errors.UnknownError and (
+                'Could not start gRPC server' in error.message):
             _end.fail('cannot listen on port %s (%s): is it in use?' % (
                 _address.rpartition(':')[2], _address))
         sys.__excepthook__(kind, error, traceback)
@@ -209,9 +209,21 @@ def cluster_hosts():
         # A worker that ends on purpose, from its start-up checks on, tells
         # the ps tasks why: the others quote it instead of waiting for it.
         # At start, a ps started beside it may not be up yet.
-        _end.before_leaving(lambda reason: liveness.say_left(
-            cluster, FLAGS.task_index, reason, _end.LAST_WORDS_SECS - 1))
+        _end.before_leaving(_telling(cluster, _end.LAST_WORDS_SECS - 1))
     return cluster.as_dict()
+
+
+def _telling(cluster, secs=0):
+    """How this worker tells why it ends on purpose: on the ps tasks (secs:
+    how long to try those not up yet), and the chief in its --logdir too,
+    for an evaluator."""
+    logdir = _chief_logdir()
+
+    def tell(reason):
+        if logdir:
+            logdir.say_left(reason)
+        liveness.say_left(cluster, FLAGS.task_index, reason, secs)
+    return tell
 
 
 def _take_task(source, cluster, job_name, task_index):
@@ -274,8 +286,10 @@ def load_mnist(cluster, images_per_run):
             mnist.train.labels[FLAGS.task_index::num_workers]))
     if len(mnist.train.images) < images_per_run:
         _end.fail('%d training images are fewer than the %d of one '
-                  'session.run (--batch_size, times --steps_per_run)'
-                  % (len(mnist.train.images), images_per_run))
+                  'session.run (--batch_size%s)'
+                  % (len(mnist.train.images), images_per_run,
+                     ', times --steps_per_run' if 'steps_per_run' in FLAGS
+                     else ''))
     return mnist
 
 
@@ -301,8 +315,7 @@ def training_session(sv, worker_server, cluster, tokens=None):
         save_checkpoint_secs=FLAGS.save_checkpoint_secs,
         logdir=_chief_logdir(), tokens=tokens)
     # From now on a ps that does not answer is lost, not late: one try.
-    _end.before_leaving(lambda reason: liveness.say_left(
-        cluster, FLAGS.task_index, reason))
+    _end.before_leaving(_telling(cluster))
     return sess
 
 

@@ -8,6 +8,10 @@ import time
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.logdir import chief_left
+
+# How often it looks for a new checkpoint, and whether the chief left.
+POLL_SECS = 2
 
 
 def follow(model, split, split_name, logdir, last_step, timeout, end,
@@ -16,7 +20,8 @@ def follow(model, split, split_name, logdir, last_step, timeout, end,
     writes its loss and accuracy on split: one line, and summaries in
     logdir/eval. Ends once a checkpoint at last_step or beyond is measured
     (then on_last(step, {name: value}) is called), or when no new checkpoint
-    came for `timeout` seconds, saying so.
+    came for `timeout` seconds, or once the chief has left on purpose
+    (it says why in logdir), saying so.
 
     model(images) builds the logits, with the variables the checkpoints
     hold; a checkpoint that disappears or is half-written is skipped.
@@ -36,12 +41,14 @@ def follow(model, split, split_name, logdir, last_step, timeout, end,
               '(%d images), to global_step=%d'
               % (logdir, split_name, len(split.images), last_step),
               flush=True)
+        started = _process_start()
         measured, came = -1, [time.time()]
-        # checkpoints_iterator calls timeout_fn after every checkpoint too,
-        # not only once `timeout` has passed without one.
+        # checkpoints_iterator calls timeout_fn after each checkpoint, and
+        # after each POLL_SECS without one.
         for latest in tf.train.checkpoints_iterator(
-                logdir, timeout=timeout,
-                timeout_fn=lambda: time.time() - came[0] >= timeout):
+                logdir, timeout=POLL_SECS,
+                timeout_fn=lambda: time.time() - came[0] >= timeout or (
+                    chief_left(logdir, started) is not None)):
             came[0] = time.time()
             # Each checkpoint the chief kept since the last one measured, not
             # only the latest: several may come between two polls.
@@ -73,8 +80,26 @@ def follow(model, split, split_name, logdir, last_step, timeout, end,
                     writer.close()
                     end.leave()
         writer.close()
+    reason = chief_left(logdir, started)
+    if reason is not None:
+        end.fail('the chief, /job:worker/task:0, left before global_step=%d:'
+                 ' "%s"' % (last_step, reason))
     end.fail('no new checkpoint in %s for %g s (--eval_timeout), before '
              'global_step=%d' % (logdir, timeout, last_step))
+
+
+def _process_start():
+    """When this process started, from Linux's /proc (a chief that left
+    before then left an earlier run); elsewhere, now. The standard library
+    has no call for it."""
+    try:
+        with open('/proc/self/stat') as f:
+            ticks = int(f.read().rsplit(')', 1)[1].split()[19])
+        with open('/proc/uptime') as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf('SC_CLK_TCK')
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def _kept_since(logdir, step, latest):

@@ -11,6 +11,23 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors
 
 
+# Why the chief left on purpose, for an evaluator that follows the logdir.
+CHIEF_LEFT = 'chief_left'
+
+
+def chief_left(path, since):
+    """Why the chief left on purpose, if it did after `since` (a time), as
+    it wrote in the logdir at path; else None."""
+    marker = os.path.join(path, CHIEF_LEFT)
+    try:
+        if os.path.getmtime(marker) < since:
+            return None
+        with open(marker) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 class Logdir:
     """Where the chief writes checkpoints and summaries, and what a failed
     write there says; task_name names the chief in its lines."""
@@ -30,10 +47,21 @@ class Logdir:
             with tf.io.gfile.GFile(probe, 'w') as f:
                 f.write('')
             tf.io.gfile.remove(probe)
+            if tf.io.gfile.exists(os.path.join(self.path, CHIEF_LEFT)):
+                tf.io.gfile.remove(os.path.join(self.path, CHIEF_LEFT))
         except tf.errors.OpError as e:
             raise ValueError('--logdir=%s: cannot write there (%s)'
                              % (self.path, errors.what_went_wrong(e)))
         threading.excepthook = self._summary_writer_failed
+
+    def say_left(self, reason):
+        """Writes why the chief leaves on purpose, where an evaluator looks;
+        a logdir that cannot take it is one the evaluator cannot use."""
+        try:
+            with open(os.path.join(self.path, CHIEF_LEFT), 'w') as f:
+                f.write(reason)
+        except OSError:
+            pass
 
     def save_checkpoint(self, sv, sess):
         """The chief's checkpoint; one that fails is one line, and training

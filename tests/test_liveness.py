@@ -95,7 +95,8 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                                                        small_data, tmp_path):
     """Side by side: an async chief and evaluator whose --logdir is a
     regular file; every async worker, and the evaluator, on data that does
-    not fit --validation_size; a sync
+    not fit --validation_size; an async chief alone on such data, beside an
+    evaluator that follows its --logdir; a sync
     worker 2 on such data, beside an evaluator, every task with
     --export_dir; a lone chief with both mistakes, which it finds in the
     order flags, data, --logdir, server. A worker that fails tries for a
@@ -109,6 +110,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
         'logdir-': ('async', ['--logdir=%s' % a_file], None),
         'data-': ('async', [too_few, '--logdir=%s' % (tmp_path / 'data')],
                   None),
+        'chief-': ('async', ['--logdir=%s' % (tmp_path / 'chief')], 0),
         'sync-': ('sync', ['--logdir=%s' % (tmp_path / 'logdir'),
                            '--export_dir=%s' % (tmp_path / 'export')], 2)}
     ports = {name: free_ports(4) for name in clusters}
@@ -121,7 +123,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
         time.sleep(0.2)
     workers = {name: [procs.script(
         script, job, i, ports[name][:1], ports[name][1:], *flags, *extra,
-        *([too_few] if i == bad else []), name=name)
+        *([too_few] if (job, i) == ('worker', bad) else []), name=name)
         for job, i in [('worker', 0), ('worker', 1), ('worker', 2),
                        ('evaluator', 0)]]
         for name, (script, extra, bad) in clusters.items()}
@@ -156,6 +158,20 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                      r'more: their own lines say why\): "\S+ has 1100 '
                      r'training images', assert_clean_exit(procs, ps['data-'],
                                                            0), re.M)
+
+    chief, worker1, worker2, evaluator = workers['chief-']
+    procs.wait_all([chief], 60)
+    reason = assert_one_error_line(procs, chief, 1,
+                                   '1100 training images').split(
+        ': error: ', 1)[1]
+    procs.wait_all([worker1, worker2, evaluator, ps['chief-']], 10)
+    for worker in (worker1, worker2):
+        assert_one_error_line(
+            procs, worker, 1, 'the chief, /job:worker/task:0',
+            'went away before the model was ready: "%s"' % reason)
+    assert_one_error_line(procs, evaluator, 1, 'the chief, /job:worker/task:0'
+                          ', left before global_step=90: "%s"' % reason)
+    assert_clean_exit(procs, ps['chief-'], 0)
 
     chief, worker1, worker2, evaluator = workers['sync-']
     procs.wait_for_output(chief, r'^worker=0, final accuracy = ', 90)
