@@ -40,7 +40,7 @@ import types
 
 from absl import app, flags
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import numpy as np  # noqa: E402
 
 import tensorflow.compat.v1 as tf  # noqa: E402

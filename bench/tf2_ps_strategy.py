@@ -21,7 +21,7 @@ import os
 import time
 
 # TensorFlow prints pages of C++ start-up lines unless told before its import.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

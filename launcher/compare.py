@@ -65,7 +65,7 @@ def table(runs):
 def read_curves(logdir):
     """{tag: [(global step, seconds since the start, value)]} of the chief's
     TensorBoard events."""
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
     import tensorflow.compat.v1 as tf
     tf.logging.set_verbosity(tf.logging.ERROR)
     curves, start = {}, None

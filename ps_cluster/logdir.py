@@ -55,9 +55,11 @@ class Logdir:
         threading.excepthook = self._summary_writer_failed
 
     def say_left(self, reason):
-        """Writes why the chief leaves on purpose, where an evaluator looks;
-        a logdir that cannot take it is one the evaluator cannot use."""
+        """Writes why the chief leaves on purpose, where an evaluator looks,
+        if need be in a logdir not made yet (it failed before); a logdir
+        that cannot take it is one the evaluator cannot use either."""
         try:
+            os.makedirs(self.path, exist_ok=True)
             with open(os.path.join(self.path, CHIEF_LEFT), 'w') as f:
                 f.write(reason)
         except OSError:

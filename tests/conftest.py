@@ -200,6 +200,8 @@ class Processes:
         log = _output_file(os.path.join(self.log_dir, name + '.log'))
         err = _output_file(os.path.join(self.log_dir, name + '.err'))
         env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+        # The scripts' own default, whatever a test module set for itself.
+        env.pop('TF_CPP_MIN_LOG_LEVEL', None)
         proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=err,
                                 env=env, start_new_session=True,
                                 preexec_fn=_sigint_as_from_a_terminal)

@@ -9,7 +9,7 @@ import pytest
 import mnist_data
 from ps_cluster import export
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 tf.disable_v2_behavior()

@@ -164,7 +164,9 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     reason = assert_one_error_line(procs, chief, 1,
                                    '1100 training images').split(
         ': error: ', 1)[1]
-    procs.wait_all([worker1, worker2, evaluator, ps['chief-']], 10)
+    procs.wait_all([worker1, worker2, ps['chief-']], 10)
+    # The evaluator looks every 2 s, once its own start-up is over.
+    procs.wait_all([evaluator], 20)
     for worker in (worker1, worker2):
         assert_one_error_line(
             procs, worker, 1, 'the chief, /job:worker/task:0',

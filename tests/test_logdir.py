@@ -17,7 +17,7 @@ from conftest import (SCRIPTS, SHORT_RUN, assert_clean_exit,
                       listening)
 from launcher.compare import TIMING
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 pytestmark = pytest.mark.slow  # not in the fast tier
