@@ -244,6 +244,7 @@ def check_logdir():
     logdir = _chief_logdir()
     if logdir:
         _check(logdir)
+        logdir.forget_left()
 
 
 def _check(logdir):

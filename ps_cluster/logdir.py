@@ -47,12 +47,16 @@ class Logdir:
             with tf.io.gfile.GFile(probe, 'w') as f:
                 f.write('')
             tf.io.gfile.remove(probe)
-            if tf.io.gfile.exists(os.path.join(self.path, CHIEF_LEFT)):
-                tf.io.gfile.remove(os.path.join(self.path, CHIEF_LEFT))
         except tf.errors.OpError as e:
             raise ValueError('--logdir=%s: cannot write there (%s)'
                              % (self.path, errors.what_went_wrong(e)))
         threading.excepthook = self._summary_writer_failed
+
+    def forget_left(self):
+        """A chief that starts again removes why an earlier one left."""
+        marker = os.path.join(self.path, CHIEF_LEFT)
+        if tf.io.gfile.exists(marker):
+            tf.io.gfile.remove(marker)
 
     def say_left(self, reason):
         """Writes why the chief leaves on purpose, where an evaluator looks,
