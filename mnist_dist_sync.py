@@ -158,15 +158,16 @@ def main(_):
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
     # waits for a lost ps to come back and trains on.
     sess = cluster_utils.training_session(sv, server, cluster, tokens)
-    # SYNC: mts.run(init_token_op) and sv.start_queue_runners(mts,
-    # [chief_queue_runner]): in each new session after a lost ps too.
-    if is_chief:
-        tokens.start_updates(sv, sess)
 
     rng = np.random.default_rng(FLAGS.task_index)
     gstep = sess.run(global_step)
     log = cluster_utils.training_log(sv, sess, gstep, mnist, accuracy_op,
                                      x_p, y_p)
+    # SYNC: mts.run(init_token_op) and sv.start_queue_runners(mts,
+    # [chief_queue_runner]), once the chief has read where it starts: in
+    # each new session after a lost ps too.
+    if is_chief:
+        tokens.start_updates(sv, sess)
     lstep = 0
     # SYNC: the workers stop together at the last global step, printing
     # only whole epochs, and leave tokens for any other still waiting.
