@@ -9,16 +9,19 @@ Importing it only defines flags: the scripts set TensorFlow up themselves.
 
 import os
 import sys
+import threading
 
 import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import (errors, evaluator, exits, liveness, ps_serving,
-                        server, sources)
+from ps_cluster import errors, evaluator, exits, liveness, server, sources
+from ps_cluster.exits import TaskFailed
 from ps_cluster.export import Exists, export_saved_model
 from ps_cluster.logdir import Logdir
-from ps_cluster.recoverable_session import RecoverableSession
+from ps_cluster.ps_task import PsTask
+from ps_cluster.recoverable_session import RecoverableSession, Timeouts
+from ps_cluster.stall_watch import StallWatch
 from ps_cluster.sync_tokens import SyncTokens
 from ps_cluster.training_log import TrainingLog
 
@@ -138,31 +141,49 @@ _end = exits.TaskEnd(_task_name)
 
 
 def end_in_one_line():
-    """Ctrl-C and SIGTERM end this task at once with one line, inside
-    sess.run too; after Ctrl-C the other tasks are told why. So does a
-    tf.train.Server whose port is taken: Python's excepthook, for that
-    error alone, says it in one line."""
+    """Sets up how this task ends, for the whole process: Ctrl-C and
+    SIGTERM end it at once with one line, inside sess.run too, and after
+    Ctrl-C the other tasks are told why. Python's excepthook does the same
+    for a failure of ours (TaskFailed), raised wherever it was found, and
+    for a tf.train.Server whose port is taken; threading's says in one line
+    why a thread of TensorFlow's or ours failed, and the task goes on. And
+    TensorFlow parses its error messages in linear time."""
     _end.on_signals()
 
-    def port_taken(kind, error, traceback):
+    def one_line(kind, error, traceback):
+        if issubclass(kind, TaskFailed):
+            _end.fail(error.message, error.status)
         if kind is tf.errors.UnknownError and (
                 'Could not start gRPC server' in error.message):
             _end.fail('cannot listen on port %s (%s): is it in use?' % (
                 _address.rpartition(':')[2], _address))
         sys.__excepthook__(kind, error, traceback)
-    sys.excepthook = port_taken
+    sys.excepthook = one_line
+
+    def thread_failed(args):
+        if Logdir.is_summary_writer(args.thread):
+            Logdir(FLAGS.logdir, _task_name()).failed('write summaries',
+                                                      args.exc_value)
+        else:
+            print('%s: error: %s failed: %s' % (
+                _task_name(), args.thread.name, args.exc_value),
+                file=sys.stderr, flush=True)
+    threading.excepthook = thread_failed
+    errors.parse_errors_in_linear_time()
 
 
-# This task's host:port, once cluster_hosts() has found it.
-_address = None
+# This task's host:port and place in the cluster, once cluster_hosts() has
+# found them.
+_address = _place = None
 
 
 def cluster_hosts():
     """Every task's host:port by job, for tf.train.ClusterSpec, and this
     task's place in the cluster, from the first of: --ps and --worker;
     TF_CONFIG; Slurm's variables inside a step of srun; the defaults of
-    --ps and --worker. One line says which."""
-    global _address
+    --ps and --worker. One line says which. It sets --job_name and
+    --task_index where TF_CONFIG or Slurm give them."""
+    global _address, _place
     given = FLAGS['ps'].present or FLAGS['worker'].present
     # An sbatch script's own shell has SLURM_PROCID too, but is no step of
     # srun: tasks started there by hand describe the cluster with flags.
@@ -202,18 +223,19 @@ def cluster_hosts():
     if source == 'Slurm':
         here += ' (Slurm task %s on %s)' % (os.environ['SLURM_PROCID'],
                                            os.environ.get('SLURMD_NODENAME'))
+    _place = sources.Place(cluster, FLAGS.job_name, FLAGS.task_index)
     print('%s: cluster from %s: ps %s, workers %s; %s'
-          % (_task_name(), source, ','.join(cluster.job_tasks('ps')),
+          % (_place.name, source, ','.join(cluster.job_tasks('ps')),
              ','.join(cluster.job_tasks('worker')), here), flush=True)
     if FLAGS.job_name == 'worker':
         # A worker that ends on purpose, from its start-up checks on, tells
         # the ps tasks why: the others quote it instead of waiting for it.
         # At start, a ps started beside it may not be up yet.
-        _end.before_leaving(_telling(cluster, _end.LAST_WORDS_SECS - 1))
+        _end.before_leaving(_telling(_end.LAST_WORDS_SECS - 1))
     return cluster.as_dict()
 
 
-def _telling(cluster, secs=0):
+def _telling(secs=0):
     """How this worker tells why it ends on purpose: on the ps tasks (secs:
     how long to try those not up yet), and the chief in its --logdir too,
     for an evaluator."""
@@ -222,7 +244,7 @@ def _telling(cluster, secs=0):
     def tell(reason):
         if logdir:
             logdir.say_left(reason)
-        liveness.say_left(cluster, FLAGS.task_index, reason, secs)
+        liveness.say_left(_place.cluster, _place.index, reason, secs)
     return tell
 
 
@@ -251,24 +273,25 @@ def _check(logdir):
     try:
         logdir.check()
     except ValueError as e:
-        _end.fail(e, status=2)  # a usage error: it ends the task
+        raise TaskFailed(e, status=2)  # a usage error
 
 
-def join(ps_server, cluster):
+def join(ps_server):
     """server.join() for a ps task, but it ends: once every worker has come
     and gone, or fell silent for --worker_timeout. It ends the task, with
     one line naming a worker that left on purpose and why, if one did."""
-    left = ps_serving.serve_until_workers_gone(
-        ps_server, cluster, FLAGS.task_index, _end, FLAGS.startup_timeout,
-        FLAGS.worker_timeout)
+    ps = PsTask(ps_server, _place)
+    _end.before_leaving(lambda why: ps.tell_workers(why,
+                                                    _end.LAST_WORDS_SECS))
+    left = ps.serve_until_workers_gone(FLAGS.startup_timeout,
+                                       FLAGS.worker_timeout)
     if left:
         index, reason = left[0]
         others = (' (and %d more: their own lines say why)' % (len(left) - 1)
                   if len(left) > 1 else '')
-        print('%s: every worker has ended; /job:worker/task:%d (%s) left%s: '
-              '"%s"' % (_task_name(), index,
-                        cluster.task_address('worker', index), others,
-                        reason), flush=True)
+        print('%s: every worker has ended; %s left%s: "%s"'
+              % (_place.name, _place.task('worker', index), others, reason),
+              flush=True)
     _end.leave()
 
 
@@ -279,18 +302,18 @@ def load_mnist(cluster, images_per_run):
         mnist = mnist_data.read_data_sets(
             FLAGS.data_dir, FLAGS.validation_size, FLAGS.data_mirror)
     except mnist_data.DataError as e:
-        _end.fail(e)
+        raise TaskFailed(e)
     if FLAGS.shard_data:
         num_workers = cluster.num_tasks('worker')
         mnist = mnist._replace(train=mnist_data.Split(
             mnist.train.images[FLAGS.task_index::num_workers],
             mnist.train.labels[FLAGS.task_index::num_workers]))
     if len(mnist.train.images) < images_per_run:
-        _end.fail('%d training images are fewer than the %d of one '
-                  'session.run (--batch_size%s)'
-                  % (len(mnist.train.images), images_per_run,
-                     ', times --steps_per_run' if 'steps_per_run' in FLAGS
-                     else ''))
+        raise TaskFailed('%d training images are fewer than the %d of one '
+                         'session.run (--batch_size%s)'
+                         % (len(mnist.train.images), images_per_run,
+                            ', times --steps_per_run'
+                            if 'steps_per_run' in FLAGS else ''))
     return mnist
 
 
@@ -300,23 +323,24 @@ def sync_tokens(optimizer, chief_queue_runner, init_token_op, cluster,
     tokens, and what the workers do with the tokens when a worker or a ps
     is lost."""
     return SyncTokens(optimizer, chief_queue_runner, init_token_op,
-                      FLAGS.task_index == 0, global_step, last_step,
+                      _place.is_chief, global_step, last_step,
                       cluster.num_tasks('worker'))
 
 
-def training_session(sv, worker_server, cluster, tokens=None):
+def training_session(sv, worker_server, tokens=None):
     """sv.prepare_or_wait_for_session(server.target), once the ps tasks are
     up, in a session that waits for a lost ps to come back and trains on.
     The chief restores the last checkpoint in --logdir, or joins the model
     live on the ps."""
-    sess = RecoverableSession(
-        sv, worker_server, cluster, session_config(), FLAGS.task_index, _end,
-        startup_timeout=FLAGS.startup_timeout, ps_timeout=FLAGS.ps_timeout,
-        stall_timeout=FLAGS.stall_timeout,
-        save_checkpoint_secs=FLAGS.save_checkpoint_secs,
-        logdir=_chief_logdir(), tokens=tokens)
+    timeouts = Timeouts(FLAGS.startup_timeout, FLAGS.ps_timeout,
+                        FLAGS.stall_timeout)
+    # The one thread that may end this worker while its main thread waits
+    # in TensorFlow.
+    stall = StallWatch(timeouts.stall, timeouts.ps, _end.fail)
+    sess = RecoverableSession(sv, worker_server, _place, session_config(),
+                              timeouts, stall, _chief_logdir(), tokens)
     # From now on a ps that does not answer is lost, not late: one try.
-    _end.before_leaving(_telling(cluster))
+    _end.before_leaving(_telling())
     return sess
 
 
@@ -325,7 +349,7 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     TensorBoard summaries of accuracy_op on mnist's splits."""
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
-    return TrainingLog(sv, sess, global_step, FLAGS.task_index, accuracy_on,
+    return TrainingLog(sv, sess, global_step, _place.index, accuracy_on,
                        mnist)
 
 
@@ -337,17 +361,17 @@ def evaluate(model, mnist, last_step):
     _check(Logdir(FLAGS.logdir, _task_name()))
     split = getattr(mnist, FLAGS.eval_split)
     evaluator.follow(model, split, FLAGS.eval_split, FLAGS.logdir, last_step,
-                     FLAGS.eval_timeout, _end, mnist_data.IMAGE_PIXELS,
+                     FLAGS.eval_timeout, mnist_data.IMAGE_PIXELS,
                      on_last=lambda step, values: _export(
                          model, values, step, mnist.test))
+    _end.leave()
 
 
 def export(sess, model, mnist):
     """With --export_dir, the chief writes the model as a SavedModel for
     serving, once every other worker has ended, and says its test accuracy."""
     # Under srun every task has the same flags: one writer, the evaluator.
-    if FLAGS.export_dir and FLAGS.job_name == 'worker' and (
-            FLAGS.task_index == 0) and not FLAGS.slurm_evaluator:
+    if FLAGS.export_dir and _place.is_chief and not FLAGS.slurm_evaluator:
         sess.wait_for_the_others()
         variables = tf.trainable_variables() + [tf.train.get_global_step()]
         values = dict(zip([v.op.name for v in variables],
@@ -366,16 +390,16 @@ def _export(model, values, step, test):
                                       mnist_data.IMAGE_PIXELS)
     except Exists as e:
         if not e.same_model:
-            _end.fail('cannot export the model to %s: it exists, and holds '
-                      'another model' % path)
+            raise TaskFailed('cannot export the model to %s: it exists, and '
+                             'holds another model' % path)
         print('%s: the model at global_step=%d is exported already, to %s'
-              % (_task_name(), step, path), flush=True)
+              % (_place.name, step, path), flush=True)
         return
     except (tf.errors.OpError, OSError) as e:
-        _end.fail('cannot export the model to %s (%s)'
-                  % (path, errors.what_went_wrong(e)))
+        raise TaskFailed('cannot export the model to %s (%s)'
+                         % (path, errors.what_went_wrong(e)))
     print('%s: exported the model at global_step=%d to %s; its test '
-          'accuracy = %s' % (_task_name(), step, path, accuracy), flush=True)
+          'accuracy = %s' % (_place.name, step, path, accuracy), flush=True)
 
 
 def leave():
@@ -392,6 +416,6 @@ def session_config():
 
 def _chief_logdir():
     """The chief's --logdir, or None: the others write nothing."""
-    if FLAGS.job_name == 'worker' and FLAGS.task_index == 0 and FLAGS.logdir:
-        return Logdir(FLAGS.logdir, _task_name())
+    if _place.is_chief and FLAGS.logdir:
+        return Logdir(FLAGS.logdir, _place.name, FLAGS.save_checkpoint_secs)
     return None

@@ -72,7 +72,7 @@ def main(_):
         server = tf.train.Server(cluster, job_name='ps',
                                  task_index=FLAGS.task_index,
                                  config=cluster_utils.session_config())
-        cluster_utils.join(server, cluster)  # it ends the task
+        cluster_utils.join(server)  # it ends the task
 
     # ASYNC: each session.run takes --steps_per_run batches.
     images_per_run = FLAGS.batch_size * FLAGS.steps_per_run
@@ -128,7 +128,7 @@ def main(_):
 
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
     # waits for a lost ps to come back and trains on.
-    sess = cluster_utils.training_session(sv, server, cluster)
+    sess = cluster_utils.training_session(sv, server)
 
     rng = np.random.default_rng(FLAGS.task_index)
     gstep = sess.run(global_step)

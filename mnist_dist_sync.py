@@ -75,7 +75,7 @@ def main(_):
         server = tf.train.Server(cluster, job_name='ps',
                                  task_index=FLAGS.task_index,
                                  config=cluster_utils.session_config())
-        cluster_utils.join(server, cluster)  # it ends the task
+        cluster_utils.join(server)  # it ends the task
 
     # SYNC: the wrapped optimizer serves one step a session.run.
     images_per_run = FLAGS.batch_size
@@ -157,7 +157,7 @@ def main(_):
 
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
     # waits for a lost ps to come back and trains on.
-    sess = cluster_utils.training_session(sv, server, cluster, tokens)
+    sess = cluster_utils.training_session(sv, server, tokens)
 
     rng = np.random.default_rng(FLAGS.task_index)
     gstep = sess.run(global_step)

@@ -7,6 +7,8 @@ import re
 import tensorflow.compat.v1 as tf
 from tensorflow.python.framework import error_interpolation
 
+from ps_cluster.exits import TaskFailed
+
 # The errors of a run that lost a task: the connection broke, or the task
 # restarted and no longer knows the session.
 LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
@@ -49,19 +51,19 @@ def lost_connection(cluster, error, me, missing=()):
 
 
 @contextlib.contextmanager
-def exit_if_cluster_lost(cluster, me, end):
-    """Ends this worker with a one-line error when a ps task goes away."""
+def failing_if_cluster_lost(cluster, me):
+    """TaskFailed, naming the task, when a ps task goes away."""
     try:
         yield
     except LOST as e:
-        end.die('error: ' + lost_connection(cluster, e, me))
+        raise TaskFailed(lost_connection(cluster, e, me))
 
 
 @contextlib.contextmanager
-def exit_if_misplaced(cluster, end):
-    """Ends this worker with a one-line error when the task that answers at
-    an address of its cluster is not the one the cluster puts there: the
-    tasks were given clusters that differ."""
+def failing_if_misplaced(cluster):
+    """TaskFailed when the task that answers at an address of the cluster
+    is not the one the cluster puts there: the tasks were given clusters
+    that differ."""
     try:
         yield
     except tf.errors.InvalidArgumentError as e:
@@ -70,9 +72,10 @@ def exit_if_misplaced(cluster, end):
         if not unknown:
             raise
         job, index = unknown.group(1), int(unknown.group(2))
-        end.fail('cannot place the model on /job:%s/task:%d (%s): another '
-                 'task answers there; give every task the same cluster'
-                 % (job, index, cluster.task_address(job, index)))
+        raise TaskFailed('cannot place the model on /job:%s/task:%d (%s): '
+                         'another task answers there; give every task the '
+                         'same cluster'
+                         % (job, index, cluster.task_address(job, index)))
 
 
 def parse_errors_in_linear_time():

@@ -8,20 +8,22 @@ import time
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import chief_left
 
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
 
 
-def follow(model, split, split_name, logdir, last_step, timeout, end,
-           pixels, on_last=None):
+def follow(model, split, split_name, logdir, last_step, timeout, pixels,
+           on_last=None):
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
-    logdir/eval. Ends once a checkpoint at last_step or beyond is measured
-    (then on_last(step, {name: value}) is called), or when no new checkpoint
-    came for `timeout` seconds, or once the chief has left on purpose
-    (it says why in logdir), saying so.
+    logdir/eval. Returns once a checkpoint at last_step or beyond is
+    measured (then on_last(step, {name: value}) is called); raises
+    TaskFailed, saying why, when no new checkpoint came for `timeout`
+    seconds, or once the chief has left on purpose (it says why in
+    logdir).
 
     model(images) builds the logits, with the variables the checkpoints
     hold; a checkpoint that disappears or is half-written is skipped.
@@ -78,14 +80,14 @@ def follow(model, split, split_name, logdir, last_step, timeout, end,
                                 tf.global_variables(),
                                 sess.run(tf.global_variables()))})
                     writer.close()
-                    end.leave()
+                    return
         writer.close()
     reason = chief_left(logdir, started)
     if reason is not None:
-        end.fail('the chief, /job:worker/task:0, left before global_step=%d:'
-                 ' "%s"' % (last_step, reason))
-    end.fail('no new checkpoint in %s for %g s (--eval_timeout), before '
-             'global_step=%d' % (logdir, timeout, last_step))
+        raise TaskFailed('the chief, /job:worker/task:0, left before '
+                         'global_step=%d: "%s"' % (last_step, reason))
+    raise TaskFailed('no new checkpoint in %s for %g s (--eval_timeout), '
+                     'before global_step=%d' % (logdir, timeout, last_step))
 
 
 def _process_start():

@@ -14,6 +14,15 @@ def usage_error(message):
     sys.exit(2)
 
 
+class TaskFailed(Exception):
+    """A failure that ends this task: raised where it is found, and said in
+    one line, with `status`, by TaskEnd.fail()."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.message, self.status = str(message), status
+
+
 class TaskEnd:
     """The end of this task, which the first thread to end it owns: a
     second one waits for good, so that Ctrl-C while a ps tells an error of
@@ -40,37 +49,15 @@ class TaskEnd:
         self._tell = tell
 
     def fail(self, message, status=1):
-        """Ends this task with a one-line error and status 1 (2: a usage
-        error), once it has told the cluster why; from the main thread.
+        """Ends this task, from any thread, with a one-line error and status
+        1 (2: a usage error), once it has told the cluster why.
 
         With os._exit: the telling may still be inside TensorFlow's C++,
-        which the interpreter's clean-up would abort.
+        and closing a session whose ps is gone, or that another thread is
+        inside, can block for good, and so can the interpreter's own
+        clean-up.
         """
-        self._end_once()
-        print('%s: error: %s' % (self.name(), message), file=sys.stderr,
-              flush=True)
-        self._say_last_words(str(message))
-        sys.stdout.flush()
-        os._exit(status)
-
-    def die(self, message, status=1, on_purpose=True):
-        """One line on stderr, and the whole task ends at once, from any
-        thread; on purpose, it tells the cluster why first.
-
-        With os._exit: closing a session whose ps is gone, or that another
-        thread is inside, can block for good, and so can the interpreter's
-        own clean-up.
-        """
-        self._end_once()
-        try:
-            print('%s: %s' % (self.name(), message), file=sys.stderr,
-                  flush=True)
-        except OSError:  # nobody reads stderr any more
-            pass
-        if on_purpose:
-            self._say_last_words(message[len('error: '):] if message
-                                 .startswith('error: ') else message)
-        os._exit(status)
+        self._end('error: %s' % message, str(message), status)
 
     def leave(self):
         """Ends this task at once, with status 0, once all is said and
@@ -104,10 +91,24 @@ class TaskEnd:
 
         def end():
             signum = os.read(read_end, 1)[0]
-            self.die('interrupted', 128 + signum,
-                     on_purpose=signum == signal.SIGINT)
+            self._end('interrupted', 'interrupted', 128 + signum,
+                      tell=signum == signal.SIGINT)
 
         threading.Thread(target=end, daemon=True).start()
+
+    def _end(self, line, reason, status, tell=True):
+        """One line on stderr; the cluster told `reason`, unless not `tell`;
+        then the end, with status."""
+        self._end_once()
+        try:
+            print('%s: %s' % (self.name(), line), file=sys.stderr,
+                  flush=True)
+        except OSError:  # nobody reads stderr any more
+            pass
+        if tell:
+            self._say_last_words(reason)
+        sys.stdout.flush()
+        os._exit(status)
 
     def _end_once(self):
         if not self._ending.acquire(blocking=False):
@@ -122,8 +123,9 @@ class TaskEnd:
         def tell():
             try:
                 self._tell(reason)
-            except Exception:  # the other tasks may be gone already
-                pass
+            except Exception as e:  # none expected: it tells what answers
+                print('%s: cannot tell the other tasks why: %s'
+                      % (self.name(), e), file=sys.stderr, flush=True)
         thread = threading.Thread(target=tell, daemon=True)
         thread.start()
         thread.join(self.LAST_WORDS_SECS)

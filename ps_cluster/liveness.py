@@ -4,7 +4,7 @@ No task connects to another's port to learn whether it lives: every worker
 beats, adding one to its own slot of a counter vector on each ps task, over
 the gRPC channels that training keeps open to the ps tasks anyway, once
 every POLL_SECS. Each ps reads its own vector where it lies, decides who is
-alive, gone or done, and counts each worker's departures (ps_serving.py);
+alive, gone or done, and counts each worker's departures (ps_task.py);
 the workers read ps 0's count to learn that another worker is gone, and
 each ps's farewell to learn why it ended. A worker's cost is one small RPC
 to each ps task per poll, whatever the number of workers.
@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors, probes
+from ps_cluster.exits import TaskFailed
 
 # The marks of a worker's beats that end it: done, or left on purpose.
 DONE, LEFT = -1, -2
@@ -108,42 +109,42 @@ class Watchdog(tf.train.LooperThread):
 
     While this worker waits for the model: a chief that came up and went
     away ends it. While it trains (watch_training): a worker that went away
-    is named once, if worker_gone() says it is gone rather than done; each
+    is named once, if on_departure() says it is gone rather than done; each
     global step read is told to on_step(step). A ps that ends on purpose,
-    and says why, ends this worker, quoting it. A beat that finds a ps lost
-    stops the Supervisor's threads with the error, and whenever they stop
-    on a lost ps, on_ps_lost() is called: the main thread may wait on a ps
-    that stayed for what they were to give it. Once paused, it only beats.
+    and says why, ends this worker, quoting it. It ends the worker with
+    on_failure(message), which does so from a thread of its own: the main
+    thread may wait in TensorFlow. A beat that finds a ps lost stops the
+    Supervisor's threads with the error, and whenever they stop on a lost
+    ps, on_ps_lost() is called: the main thread may wait on a ps that
+    stayed for what they were to give it. Once paused, it only beats.
     """
 
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, config, cluster, task_index, end,
-                 startup_timeout, on_step, worker_gone=None,
-                 on_ps_lost=None):
+    def __init__(self, sv, server, config, place, startup_timeout, on_step,
+                 on_failure, on_departure=None, on_ps_lost=None):
         super().__init__(sv.coord, self.POLL_SECS)
-        self.sv, self.end, self.me = sv, end, task_index
-        self.on_step, self.worker_gone = on_step, worker_gone
-        self.on_ps_lost = on_ps_lost
-        self.workers = cluster.job_tasks('worker')
-        self.ps_tasks = cluster.job_tasks('ps')
+        self.sv, self.place = sv, place
+        self.on_step, self.on_failure = on_step, on_failure
+        self.on_departure, self.on_ps_lost = on_departure, on_ps_lost
+        task_index = place.index
+        self.workers = place.cluster.job_tasks('worker')
+        self.ps_tasks = place.cluster.job_tasks('ps')
+        # The training session: the main thread sets it, this one reads it.
         self.sess = None
         self._paused = threading.Event()
         graph = tf.Graph()
         with graph.as_default():
             beats, departures, self.farewells, reasons = counters(
                 len(self.workers), range(len(self.ps_tasks)))
-
-            def mark(value):
-                value = tf.constant([value], tf.int64)
-                return tf.group(*[tf.scatter_update(b, [task_index], value)
-                                  for b in beats])
             one = tf.constant([1], tf.int64)
             self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
                                       for b in beats])
-            self.done_op = mark(DONE)
+            done = tf.constant([DONE], tf.int64)
+            self.done_op = tf.group(*[tf.scatter_update(b, [task_index], done)
+                                      for b in beats])
             self.beats, self.departures = beats[0], departures[0]
             with tf.device(reasons[0].device):
                 self.chief_reason = reasons[0][0]
@@ -180,7 +181,7 @@ class Watchdog(tf.train.LooperThread):
             if last is None:
                 heard, last = np.full(len(beats), now), beats
             heard[beats != last], last = now, beats
-            others = np.arange(len(beats)) != self.me
+            others = np.arange(len(beats)) != self.place.index
             if np.all(((beats < 0) | (now - heard > GONE_SECS))[others]):
                 return
             time.sleep(self.POLL_SECS)
@@ -194,7 +195,7 @@ class Watchdog(tf.train.LooperThread):
         if before is None or after is None:
             return []
         return [self._task(i) for i in np.flatnonzero(
-            (before == after) & (after >= 0)) if i != self.me]
+            (before == after) & (after >= 0)) if i != self.place.index]
 
     def _first_beat(self, timeout):
         """Beats once before this worker waits for the model, so that the
@@ -207,8 +208,9 @@ class Watchdog(tf.train.LooperThread):
                 return self.session.run(self.departures)
             except tf.errors.FailedPreconditionError:
                 if time.time() > deadline:
-                    self.end.fail('the ps tasks did not set up their '
-                                  'liveness counters within %g s' % timeout)
+                    raise TaskFailed('the ps tasks did not set up their '
+                                     'liveness counters within %g s'
+                                     % timeout)
                 time.sleep(0.2)
 
     def _run(self, fetches, session=None):
@@ -222,7 +224,8 @@ class Watchdog(tf.train.LooperThread):
             return None
 
     def run_loop(self):
-        waiting = self.sess is None and self.me != 0  # for the chief's model
+        # For the chief's model.
+        waiting = self.sess is None and not self.place.is_chief
         try:
             _, departed, farewells, chief_left_early = self.session.run(
                 [self.beat_op, self.departed, self.farewells,
@@ -238,16 +241,17 @@ class Watchdog(tf.train.LooperThread):
             return
         for k, reason in enumerate(farewells):
             if reason:
-                self.end.die(
-                    'error: lost the connection to /job:ps/task:%d (%s), '
-                    'which ended: "%s"' % (k, self.ps_tasks[k],
-                                           reason.decode()))
+                self.on_failure(
+                    'lost the connection to %s, which ended: "%s"'
+                    % (self.place.task('ps', k), reason.decode()))
+                return
         if self._paused.is_set():
             return
         # A chief that left before this worker's first beat counts no
         # departure that this worker sees.
         if waiting and chief_left_early:
             self._chief_went_away()
+            return
         if departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
@@ -262,7 +266,7 @@ class Watchdog(tf.train.LooperThread):
             if (self.on_ps_lost and self.sess is not None
                     and not self._paused.is_set()):
                 self.on_ps_lost()
-        except Exception:  # a thread failed: the main thread says why
+        except Exception:  # any other, a thread's: the main thread says it
             pass
 
     def _someone_departed(self):
@@ -270,27 +274,27 @@ class Watchdog(tf.train.LooperThread):
         if departures is None:
             return
         for i in np.flatnonzero(departures > self.last_departures):
-            if i == self.me:
+            if i == self.place.index:
                 continue
             if self.sess is None and i == 0:
                 self._chief_went_away()
+                return
             if self.sess is not None and self._is_gone():
                 print('worker=%d: %s is gone; training goes on without it'
-                      % (self.me, self._task(i)), flush=True)
+                      % (self.place.index, self._task(i)), flush=True)
         self.last_departures = departures
 
     def _chief_went_away(self):
         reason = self._run(self.chief_reason)
-        self.end.die('error: the chief, /job:worker/task:0 (%s), went away '
-                     'before the model was ready%s' % (
-                         self.workers[0],
-                         ': "%s"' % reason.decode() if reason else ''))
+        self.on_failure('the chief, %s, went away before the model was '
+                        'ready%s' % (self._task(0), ': "%s"' % reason.decode()
+                                     if reason else ''))
 
     def _is_gone(self):
         try:
-            return self.worker_gone is not None and self.worker_gone()
+            return self.on_departure is not None and self.on_departure()
         except (tf.errors.OpError, RuntimeError):  # a ps cannot answer
             return False
 
     def _task(self, i):
-        return '/job:worker/task:%d (%s)' % (i, self.workers[i])
+        return self.place.task('worker', i)

@@ -29,18 +29,19 @@ def chief_left(path, since):
 
 
 class Logdir:
-    """Where the chief writes checkpoints and summaries, and what a failed
-    write there says; task_name names the chief in its lines."""
+    """Where the chief writes checkpoints, every save_checkpoint_secs, and
+    summaries, and what a failed write there says; task_name names the
+    chief in its lines."""
 
     CLOSE_SECS = 10
 
-    def __init__(self, path, task_name):
+    def __init__(self, path, task_name, save_checkpoint_secs=None):
         self.path, self.task_name = path, task_name
+        self.save_checkpoint_secs = save_checkpoint_secs
 
     def check(self):
         """It must be a directory, or be creatable, and take a file; else
-        ValueError says why. A write that fails later, in TensorFlow's
-        summary thread, is one line."""
+        ValueError says why."""
         probe = os.path.join(self.path, '.writable')
         try:
             tf.io.gfile.makedirs(self.path)
@@ -50,7 +51,6 @@ class Logdir:
         except tf.errors.OpError as e:
             raise ValueError('--logdir=%s: cannot write there (%s)'
                              % (self.path, errors.what_went_wrong(e)))
-        threading.excepthook = self._summary_writer_failed
 
     def forget_left(self):
         """A chief that starts again removes why an earlier one left."""
@@ -103,10 +103,8 @@ class Logdir:
               % (self.task_name, what, self.path,
                  errors.what_went_wrong(error)), file=sys.stderr, flush=True)
 
-    def _summary_writer_failed(self, args):
-        """The thread of TensorFlow's that writes the summaries ends at the
-        first write that fails: one line instead of its traceback; then
-        TrainingLog writes no more."""
-        if type(args.thread).__name__ != '_EventLoggerThread':
-            return threading.__excepthook__(args)
-        self.failed('write summaries', args.exc_value)
+    @staticmethod
+    def is_summary_writer(thread):
+        """Whether thread is TensorFlow's that writes the summaries: it ends
+        at the first write that fails, and TrainingLog writes no more."""
+        return type(thread).__name__ == '_EventLoggerThread'

@@ -6,6 +6,8 @@ import time
 
 import grpc
 
+from ps_cluster.exits import TaskFailed
+
 
 def answers(address, timeout=2.0):
     """Whether the TensorFlow server at address answers a call within
@@ -32,23 +34,24 @@ def is_listening(address, timeout=1.0):
         return False
 
 
-def wait_for_tasks(cluster, job, timeout, end):
+def wait_for_tasks(cluster, job, timeout):
     """Blocks until every task of `job` accepts connections: it is up, if
-    perhaps not yet serving (answers() then tells)."""
+    perhaps not yet serving (answers() then tells); or raises TaskFailed
+    after timeout."""
     deadline = time.time() + timeout
     addresses = cluster.job_tasks(job)
     missing = set(range(len(addresses)))
     while missing:
         missing = {i for i in missing if not is_listening(addresses[i])}
-        fail_if_late(job, addresses, missing, deadline, timeout, end)
+        fail_if_late(job, addresses, missing, deadline, timeout)
         if missing:
             time.sleep(0.2)
 
 
-def fail_if_late(job, addresses, missing, deadline, timeout, end):
-    """Ends this task, naming the first of the missing tasks of `job`, once
-    the deadline has passed."""
+def fail_if_late(job, addresses, missing, deadline, timeout):
+    """Raises TaskFailed, naming the first of the missing tasks of `job`,
+    once the deadline has passed."""
     if missing and time.time() > deadline:
         i = min(missing)
-        end.fail('/job:%s/task:%d (%s) did not come up within %g s'
-                 % (job, i, addresses[i], timeout))
+        raise TaskFailed('/job:%s/task:%d (%s) did not come up within %g s'
+                         % (job, i, addresses[i], timeout))

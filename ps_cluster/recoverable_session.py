@@ -2,18 +2,24 @@
 
 A worker opens it once the ps tasks answer (session_start.py says where the
 model comes from). A worker that loses a ps task calls it again until it
-answers, within ps_timeout, and trains on in a new session opened the same
-way. Training that makes no step for stall_timeout, or for ps_timeout while
-a ps does not answer, ends the worker whatever it waits in
-(stall_watch.py).
+answers, within its timeout, and trains on in a new session opened the same
+way. Training that makes no step for a while ends the worker whatever it
+waits in (stall_watch.py).
 """
 
+import collections
 import contextlib
 import threading
 import time
 
-from ps_cluster import (errors, liveness, probes, session_start,
-                        stall_watch)
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import errors, liveness, probes, session_start
+from ps_cluster.exits import TaskFailed
+
+# How long a worker waits: for the other tasks at start-up, for a lost ps
+# to come back, and for a new global step.
+Timeouts = collections.namedtuple('Timeouts', ['startup', 'ps', 'stall'])
 
 
 class RecoverableSession:
@@ -22,7 +28,7 @@ class RecoverableSession:
     at start-up, after a ps task was lost and came back.
 
     Only the main thread runs in it. When a run, or a thread of the
-    Supervisor's, loses a ps task, run() waits up to ps_timeout for every ps
+    Supervisor's, loses a ps task, run() waits up to timeouts.ps for every ps
     task to answer at its address again, stops the Supervisor's threads, and
     opens a new session; then the failed run is run again. A thread may find
     the ps lost first, while the main thread waits on a ps that stayed for
@@ -30,34 +36,38 @@ class RecoverableSession:
     `tokens` free it, and its next run recovers.
 
     The chief saves checkpoints in `logdir` (a Logdir) every
-    save_checkpoint_secs, in a loop of the Supervisor's that outlives a
-    failed save (the Supervisor's own would stop every thread of the chief).
+    logdir.save_checkpoint_secs, in a loop of the Supervisor's that outlives
+    a failed save (the Supervisor's own would stop every thread of the
+    chief).
+
+    A failure raises TaskFailed in the main thread; one that another thread
+    finds, while the main thread may wait in TensorFlow, ends the worker
+    through `stall`, the StallWatch, which also ends a run that stalls.
     """
 
     # How long the Supervisor's threads may take to stop, before the worker
     # goes on without them.
     STOP_SECS = 10
 
-    def __init__(self, sv, server, cluster, config, task_index, end, *,
-                 startup_timeout, ps_timeout, stall_timeout,
-                 save_checkpoint_secs, logdir=None, tokens=None):
-        self.sv, self.server, self.cluster = sv, server, cluster
-        self.config, self.me, self.end = config, task_index, end
-        self.startup_timeout, self.ps_timeout = startup_timeout, ps_timeout
-        self.save_checkpoint_secs = save_checkpoint_secs
+    def __init__(self, sv, server, place, config, timeouts, stall,
+                 logdir=None, tokens=None):
+        self.sv, self.server, self.place = sv, server, place
+        self.cluster, self.me = place.cluster, place.index
+        self.config, self.timeouts, self.stall = config, timeouts, stall
         self.logdir, self.tokens = logdir, tokens
         self.starts = []
-        self.watchdog = self.stall = None
+        self.watchdog = None
+        # The main thread swaps the session; the token-freeing thread reads
+        # it.
+        self.session = None
         self._recovering = threading.Event()
         self._freeing = None  # a thread that frees the main thread
-        errors.parse_errors_in_linear_time()
-        probes.wait_for_tasks(cluster, 'ps', startup_timeout, end)
-        with errors.exit_if_cluster_lost(cluster, ('worker', self.me), end), \
-                self._ending_if_ps_away(startup_timeout):
+        probes.wait_for_tasks(self.cluster, 'ps', timeouts.startup)
+        lost = errors.failing_if_cluster_lost(self.cluster,
+                                              ('worker', self.me))
+        with lost, self._ending_if_ps_away(timeouts.startup):
             self._open()
-        self.stall = stall_watch.StallWatch(
-            stall_timeout, ps_timeout, self._silent_ps,
-            lambda: self.watchdog.silent_workers(), end.die)
+        stall.watch(self._silent_ps, lambda: self.watchdog.silent_workers())
 
     def run(self, fetches, feed_dict=None):
         return self._recovering_from_lost_ps(
@@ -131,8 +141,8 @@ class RecoverableSession:
             while not self._recovering.is_set():
                 try:
                     self.tokens.free_a_waiting_worker(self.session)
-                except Exception:  # a ps cannot answer, or it is closing
-                    pass
+                except (tf.errors.OpError, RuntimeError):
+                    pass  # a ps cannot answer, or the session is closing
                 time.sleep(liveness.Watchdog.POLL_SECS)
         if self.tokens:
             self._freeing = threading.Thread(target=free, daemon=True)
@@ -140,16 +150,16 @@ class RecoverableSession:
 
     def _recover(self, error):
         """Waits for every ps task to answer, and opens a new session; or,
-        after ps_timeout, ends this worker naming the ps task it lost."""
+        after timeouts.ps, raises TaskFailed naming the ps task it lost."""
         self._recovering.set()
         self.watchdog.pause()
         self.sv.coord.request_stop(error)
-        deadline = time.time() + self.ps_timeout
+        deadline = time.time() + self.timeouts.ps
         print('worker=%d: %s; waiting up to %g s for it' % (
             self.me, errors.lost_connection(
                 self.cluster, error, ('worker', self.me), self._missing_ps()),
-            self.ps_timeout), flush=True)
-        with self._ending_if_ps_away(self.ps_timeout, error), \
+            self.timeouts.ps), flush=True)
+        with self._ending_if_ps_away(self.timeouts.ps, error), \
                 self.stall.waiting_in('the wait for a lost ps',
                                       watch_ps=False):
             while True:
@@ -161,7 +171,7 @@ class RecoverableSession:
                     except errors.LOST as e:
                         error = e
                 if time.time() > deadline:
-                    self._give_up(error, missing)
+                    raise TaskFailed(self._lost(error, missing))
                 time.sleep(0.5)
 
     def _missing_ps(self):
@@ -173,14 +183,11 @@ class RecoverableSession:
         return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address(
             'ps', i)) for i in sorted(self._missing_ps())]
 
-    def _on_step(self, step):
-        if self.stall:
-            self.stall.step(step)
-
     @contextlib.contextmanager
     def _ending_if_ps_away(self, secs, error=None):
-        """Ends this worker, naming the lost ps task, if a ps task does not
-        answer at a deadline, every `secs`, until the block is done."""
+        """Ends this worker, through the stall watch, naming the lost ps
+        task, if a ps task does not answer at a deadline, every `secs`,
+        until the block is done."""
         # Opening a session waits in TensorFlow, with no timeout, for a ps
         # that went away after a probe found it listening.
         done = threading.Event()
@@ -189,7 +196,7 @@ class RecoverableSession:
             while not done.wait(secs):
                 missing = self._missing_ps()
                 if missing and not done.is_set():
-                    self._give_up(error, missing)
+                    self.stall.fail(self._lost(error, missing))
 
         threading.Thread(target=end_if_ps_away, daemon=True).start()
         try:
@@ -197,9 +204,9 @@ class RecoverableSession:
         finally:
             done.set()
 
-    def _give_up(self, error, missing):
-        self.end.die('error: ' + errors.lost_connection(
-            self.cluster, error, ('worker', self.me), missing))
+    def _lost(self, error, missing):
+        return errors.lost_connection(self.cluster, error,
+                                      ('worker', self.me), missing)
 
     def _reopen(self, error):
         self._stop_threads(error)
@@ -222,26 +229,26 @@ class RecoverableSession:
         try:
             self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,
                                ignore_live_threads=True)
-        except Exception:  # the error they stopped on
+        except Exception:  # any: the error they stopped on, said already
             pass
         self.sv.coord.clear_stop()
 
     def _open(self, again=False):
         sv = self.sv
-        with errors.exit_if_misplaced(self.cluster, self.end):
+        with errors.failing_if_misplaced(self.cluster):
             self.watchdog = liveness.Watchdog(
-                sv, self.server, self.config, self.cluster, self.me,
-                self.end, self.startup_timeout, self._on_step,
-                worker_gone=self.tokens and (
-                    lambda: self.tokens.worker_gone(self.session)),
+                sv, self.server, self.config, self.place,
+                self.timeouts.startup, self.stall.step, self.stall.fail,
+                on_departure=self.tokens and (
+                    lambda: self.tokens.on_departure(self.session)),
                 on_ps_lost=self._ps_lost_by_a_thread)
             sess = session_start.open_session(
                 sv, self.server.target, self.config, self.cluster,
-                self.logdir and self.logdir.path, self.startup_timeout,
-                self.end, again)
+                self.logdir and self.logdir.path, self.timeouts.startup,
+                again)
         if self.logdir:  # the chief
-            sv.loop(self.save_checkpoint_secs, self.logdir.save_checkpoint,
-                    args=(sv, sess))
+            sv.loop(self.logdir.save_checkpoint_secs,
+                    self.logdir.save_checkpoint, args=(sv, sess))
         self.session = sess
         self._recovering.clear()
         self.watchdog.watch_training(sess)

@@ -6,11 +6,12 @@ for it."""
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.exits import TaskFailed
 
 
-def open_session(sv, target, config, cluster, logdir, timeout, end,
-                 again=False):
-    """The Supervisor's session, within timeout. The chief joins the model
+def open_session(sv, target, config, cluster, logdir, timeout, again=False):
+    """The Supervisor's session, within timeout, or TaskFailed saying why
+    not. The chief joins the model
     if the ps tasks hold it (a ps that never left, while the chief was
     away): newer than any checkpoint, and what Supervisor would otherwise
     initialize again under the workers."""
@@ -25,16 +26,16 @@ def open_session(sv, target, config, cluster, logdir, timeout, end,
         sess = sv.prepare_or_wait_for_session(target, config=config,
                                               max_wait_secs=timeout)
     except tf.errors.DeadlineExceededError:
-        end.fail('the chief, /job:worker/task:0 (%s), did not initialize the '
-                 'model within %g s' % (cluster.task_address('worker', 0),
-                                        timeout))
+        raise TaskFailed('the chief, /job:worker/task:0 (%s), did not '
+                         'initialize the model within %g s'
+                         % (cluster.task_address('worker', 0), timeout))
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
             tf.errors.NotFoundError) as e:
         if not checkpoint:
             raise
-        end.fail('cannot restore the checkpoint %s (%s): move it away, or '
-                 'choose another --logdir'
-                 % (checkpoint, errors.what_went_wrong(e)))
+        raise TaskFailed('cannot restore the checkpoint %s (%s): move it '
+                         'away, or choose another --logdir'
+                         % (checkpoint, errors.what_went_wrong(e)))
     if checkpoint:
         # The model and the global step carry over to a cluster of any
         # shape; what is per worker or per ps (sync's local steps and token

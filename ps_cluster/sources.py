@@ -3,10 +3,29 @@
 srun. Each source returns a ClusterSpec, or raises ValueError saying what
 is wrong."""
 
+import collections
 import os
 import re
 
 import tensorflow.compat.v1 as tf
+
+
+class Place(collections.namedtuple('Place', ['cluster', 'job', 'index'])):
+    """This task's place: its job and index in `cluster`, a ClusterSpec. An
+    evaluator follows the cluster from outside it."""
+
+    @property
+    def name(self):
+        return '/job:%s/task:%d' % (self.job, self.index)
+
+    @property
+    def is_chief(self):
+        return self.job == 'worker' and self.index == 0
+
+    def task(self, job, index):
+        """Another task of the cluster as the lines name it."""
+        return '/job:%s/task:%d (%s)' % (job, index,
+                                        self.cluster.task_address(job, index))
 
 
 def parse_host_list(value):

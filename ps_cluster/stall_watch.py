@@ -1,5 +1,6 @@
-"""The stall watch: a worker whose training makes no step ends, whatever it
-waits in, with one line saying where it waited and why.
+"""The stall watch: a worker whose training makes no step, or whose other
+threads found a failure, ends, whatever its main thread waits in, with one
+line saying why.
 
 A thread of plain Python that never runs TensorFlow itself: a session run,
 even one with a timeout, can block for good on a frozen ps, and so can
@@ -13,9 +14,11 @@ import time
 
 
 class StallWatch:
-    """Ends this worker once the global step it is told of has not moved:
-    for `ps_secs` if a ps task does not answer then, for `secs` whatever the
-    cause.
+    """The one thread that ends this worker while its main thread may be
+    stuck in TensorFlow: at once for a failure another thread hands it
+    (fail()); and, once watch() is called, when the global step it is told
+    of has not moved for `ps_secs` while a ps task does not answer, or for
+    `secs` whatever the cause.
 
     silent_ps() names the ps tasks that do not answer, silent_workers() the
     workers that do not beat; each may run TensorFlow, and is given a few
@@ -27,14 +30,29 @@ class StallWatch:
     PROBE_SECS = 5
     CALL_SECS = 5
 
-    def __init__(self, secs, ps_secs, silent_ps, silent_workers, die):
+    def __init__(self, secs, ps_secs, die):
         self.secs, self.ps_secs, self.die = secs, ps_secs, die
-        self.silent_ps, self.silent_workers = silent_ps, silent_workers
+        self.silent_ps = self.silent_workers = None
         self._lock = threading.Lock()
         self._step, self._moved = None, time.time()
         self._where = [('a training run', True)]
-        self._stopped = threading.Event()
+        self._failure = None
+        self._wake = threading.Event()
+        self._watching = self._stopped = False
         threading.Thread(target=self._watch, daemon=True).start()
+
+    def watch(self, silent_ps, silent_workers):
+        """From now on, a global step that stands still ends the worker."""
+        with self._lock:
+            self.silent_ps, self.silent_workers = silent_ps, silent_workers
+            self._moved, self._watching = time.time(), True
+
+    def fail(self, message):
+        """Ends this worker at once, from the watch's thread: the first
+        failure handed over is the one said."""
+        with self._lock:
+            self._failure = self._failure or message
+        self._wake.set()
 
     def step(self, value):
         """The global step as a thread of this worker just read it."""
@@ -55,14 +73,24 @@ class StallWatch:
                 self._where.pop()
 
     def stop(self):
-        self._stopped.set()
+        """Training is over: steps stand still from now on. A failure
+        handed over still ends the worker."""
+        with self._lock:
+            self._stopped = True
 
     def _watch(self):
         probed = 0
-        while not self._stopped.wait(self.POLL_SECS):
+        while True:
+            self._wake.wait(self.POLL_SECS)
             with self._lock:
+                failure = self._failure
+                watching = self._watching and not self._stopped
                 idle = time.time() - self._moved
                 where, watch_ps = self._where[-1]
+            if failure:
+                self.die(failure)
+            if not watching:
+                continue
             if idle > self.secs or (
                     watch_ps and idle > self.ps_secs
                     and time.time() - probed > self.PROBE_SECS):
@@ -89,6 +117,8 @@ class StallWatch:
             pool.shutdown(wait=False)
 
     def _end(self, secs, where, why):
-        if not self._stopped.is_set():
-            self.die('error: training stalled: no new global step for %g '
-                     's, waiting in %s; %s' % (secs, where, why))
+        with self._lock:
+            stopped = self._stopped
+        if not stopped:
+            self.die('training stalled: no new global step for %g s, '
+                     'waiting in %s; %s' % (secs, where, why))

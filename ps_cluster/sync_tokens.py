@@ -36,11 +36,11 @@ class SyncTokens:
             session.run(self.init_tokens_op)
         sess.on_each_session(start)
 
-    def worker_gone(self, session):
-        """Whether a worker that went away is gone rather than done (it left
-        at the last step). One that died while it waited for a token took
-        one with it, and the others would wait forever for the gradient it
-        owed: the chief puts one back."""
+    def on_departure(self, session):
+        """A worker went away: whether it is gone rather than done (it left
+        at the last step); if gone, the chief puts back a token. One that
+        died while it waited for a token took one with it, and the others
+        would wait forever for the gradient it owed."""
         if session.run(self.global_step) >= self.last_step:
             return False
         if self.is_chief:

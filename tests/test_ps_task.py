@@ -1,4 +1,4 @@
-"""A ps's end of a run (ps_cluster/ps_serving.py): a worker that never came
+"""A ps's end of a run (ps_cluster/ps_task.py): a worker that never came
 ends every task; a ps waits for silent workers in
 test_recoverable_session.py."""
 

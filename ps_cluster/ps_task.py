@@ -1,0 +1,95 @@
+"""A ps task's end of a run: it serves until every worker has come and
+gone, and tells the workers why when it ends on purpose."""
+
+import time
+
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import liveness, probes
+
+# A worker counts its startup timeout from when it reached the ps; the ps,
+# from its own start, waits this much longer for a worker that never came,
+# so that a worker waiting for a chief that never came names it itself.
+STARTUP_GRACE_SECS = 5
+
+
+class PsTask:
+    """A ps task's part in liveness: the counters it holds, read where they
+    lie, on its own server, with no RPC."""
+
+    def __init__(self, server, place):
+        self.place = place
+        self.workers = place.cluster.job_tasks('worker')
+        with tf.Graph().as_default():
+            [self.beats], [departures], [farewell], [self.reasons] = (
+                liveness.counters(len(self.workers), [place.index]))
+            self.gone_now = tf.placeholder(tf.int64, [None])
+            self.depart = tf.scatter_add(departures, self.gone_now,
+                                         tf.ones_like(self.gone_now))
+            self.reason = tf.placeholder(tf.string, [])
+            self.say = farewell.assign(self.reason)
+            self.sess = tf.Session(server.target, config=tf.ConfigProto(
+                device_filters=[place.name]))
+            self.sess.run(tf.variables_initializer(
+                [self.beats, departures, farewell, self.reasons]))
+
+    def tell_workers(self, why, secs):
+        """Says why this ps ends on purpose, until every worker has read it
+        and left, or is silent, or `secs` are nearly over."""
+        self.sess.run(self.say, {self.reason: why})
+        _wait_for_farewells(self.sess, self.beats, secs)
+
+    def serve_until_workers_gone(self, startup_timeout, worker_timeout):
+        """Serves until every worker has come up and ended, or is silent for
+        worker_timeout; instead of server.join(), which never returns.
+        Returns the workers that left on purpose, at start-up or later, and
+        why: a list of (index, reason). A worker that never beats raises
+        TaskFailed after startup_timeout. Ps 0 counts departures for the
+        workers to read.
+        """
+        sess, workers = self.sess, self.workers
+        deadline = time.time() + startup_timeout + STARTUP_GRACE_SECS
+        last = np.zeros(len(workers), np.int64)
+        heard = np.full(len(workers), np.nan)  # when each counter last moved
+        gone = np.zeros(len(workers), bool)
+        polled = time.time()
+        while True:
+            time.sleep(0.2)
+            values, now = sess.run(self.beats), time.time()
+            if now - polled > 2:
+                # This ps was stopped or starved: the silence is its own.
+                heard[~np.isnan(heard)] = now
+            polled = now
+            moved = values != last
+            heard[moved], gone[moved], last = now, False, values
+            ended = values < 0
+            silent = now - heard  # nan: never heard
+            newly_gone = ~gone & ((values == liveness.LEFT) |
+                                  (~ended & (silent > liveness.GONE_SECS)))
+            if newly_gone.any():
+                gone |= newly_gone
+                sess.run(self.depart,
+                         {self.gone_now: np.flatnonzero(newly_gone)})
+            if np.all(ended | (silent > worker_timeout)):
+                left = np.flatnonzero(values == liveness.LEFT)
+                return [(i, reason.decode()) for i, reason in
+                        zip(left, sess.run(self.reasons)[left])]
+            probes.fail_if_late('worker', workers,
+                                set(np.flatnonzero(np.isnan(heard))),
+                                deadline, startup_timeout)
+
+
+def _wait_for_farewells(sess, beats, secs):
+    """Waits until every worker has ended or not beaten for a second, the
+    farewell read, or `secs` are nearly over."""
+    deadline = time.time() + secs - 1
+    last, moved = sess.run(beats), time.time()
+    while time.time() < deadline:
+        time.sleep(0.1)
+        values = sess.run(beats)
+        if np.any((values != last) & (values >= 0)):
+            last, moved = values, time.time()
+        if (np.all(values < 0)
+                or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS):
+            return
