@@ -353,15 +353,16 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
                        mnist)
 
 
-def evaluate(model, mnist, last_step):
+def evaluate(model, loss_and_accuracy, mnist, last_step):
     """An evaluator's run: each new checkpoint in --logdir, measured on
     --eval_split, until the one at last_step; then, with --export_dir, its
     SavedModel. It ends the task; first, one line if it cannot write its
     summaries in --logdir."""
     _check(Logdir(FLAGS.logdir, _task_name()))
     split = getattr(mnist, FLAGS.eval_split)
-    evaluator.follow(model, split, FLAGS.eval_split, FLAGS.logdir, last_step,
-                     FLAGS.eval_timeout, mnist_data.IMAGE_PIXELS,
+    evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
+                     FLAGS.logdir, last_step, FLAGS.eval_timeout,
+                     mnist_data.IMAGE_PIXELS,
                      on_last=lambda step, values: _export(
                          model, values, step, mnist.test))
     _end.leave()

@@ -59,6 +59,17 @@ def model(x_p):
     return tf.matmul(x_p, w) + b
 
 
+def loss_and_accuracy(logits, y_p):
+    """The book's loss, the mean cross-entropy of the logits against the
+    one-hot labels y_p, and the share of them classified right."""
+    cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(
+        labels=y_p, logits=logits)
+    loss_op = tf.reduce_mean(cross_entropy)
+    correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
+    accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
+    return loss_op, accuracy_op
+
+
 def main(_):
     # PS: Ctrl-C, SIGTERM or a port in use end a task with one line.
     cluster_utils.end_in_one_line()
@@ -84,7 +95,8 @@ def main(_):
 
     # PS: an evaluator measures the chief's checkpoints, outside the cluster.
     if FLAGS.job_name == 'evaluator':
-        cluster_utils.evaluate(model, mnist, last_step)  # it ends the task
+        cluster_utils.evaluate(model, loss_and_accuracy, mnist,
+                               last_step)  # it ends the task
 
     # PS: a worker joins once its data and the chief's --logdir are good.
     cluster_utils.check_logdir()
@@ -102,18 +114,12 @@ def main(_):
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        logits = model(x_p)
-        cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=y_p, logits=logits)
-        loss_op = tf.reduce_mean(cross_entropy)
+        loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         train_op = optimizer.minimize(loss_op, global_step=global_step)
         # ASYNC: K steps a session.run, built below.
         if FLAGS.steps_per_run > 1:
             train_op, loss_op = several_steps(optimizer, x_p, y_p, global_step)
-
-        correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
-        accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir
@@ -180,8 +186,8 @@ def several_steps(optimizer, x_p, y_p, global_step):
             with tf.device(b.device):
                 b_now = b.read_value()
         rows = slice(k * FLAGS.batch_size, (k + 1) * FLAGS.batch_size)
-        loss_op = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=y_p[rows], logits=tf.matmul(x_p[rows], w_now) + b_now))
+        loss_op, _ = loss_and_accuracy(tf.matmul(x_p[rows], w_now) + b_now,
+                                       y_p[rows])
         train_op = optimizer.minimize(loss_op, global_step=global_step)
     return train_op, loss_op
 

@@ -62,6 +62,17 @@ def model(x_p):
     return tf.matmul(x_p, w) + b
 
 
+def loss_and_accuracy(logits, y_p):
+    """The book's loss, the mean cross-entropy of the logits against the
+    one-hot labels y_p, and the share of them classified right."""
+    cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(
+        labels=y_p, logits=logits)
+    loss_op = tf.reduce_mean(cross_entropy)
+    correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
+    accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
+    return loss_op, accuracy_op
+
+
 def main(_):
     # PS: Ctrl-C, SIGTERM or a port in use end a task with one line.
     cluster_utils.end_in_one_line()
@@ -88,7 +99,8 @@ def main(_):
 
     # PS: an evaluator measures the chief's checkpoints, outside the cluster.
     if FLAGS.job_name == 'evaluator':
-        cluster_utils.evaluate(model, mnist, last_step)  # it ends the task
+        cluster_utils.evaluate(model, loss_and_accuracy, mnist,
+                               last_step)  # it ends the task
 
     # PS: a worker joins once its data and the chief's --logdir are good.
     cluster_utils.check_logdir()
@@ -106,10 +118,7 @@ def main(_):
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        logits = model(x_p)
-        cross_entropy = tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=y_p, logits=logits)
-        loss_op = tf.reduce_mean(cross_entropy)
+        loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         # SYNC: the book's wrapped optimizer, whose accumulators and token
         # queue live on the ps: the chief sets them up and applies each
@@ -136,9 +145,6 @@ def main(_):
         with tf.device(global_step.device):
             with tf.control_dependencies([train_op]):
                 step_after = global_step.read_value()
-
-        correct_pred = tf.equal(tf.argmax(logits, 1), tf.argmax(y_p, 1))
-        accuracy_op = tf.reduce_mean(tf.cast(correct_pred, tf.float32))
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir

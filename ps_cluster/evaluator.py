@@ -15,8 +15,8 @@ from ps_cluster.logdir import chief_left
 POLL_SECS = 2
 
 
-def follow(model, split, split_name, logdir, last_step, timeout, pixels,
-           on_last=None):
+def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
+           timeout, pixels, on_last=None):
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
     logdir/eval. Returns once a checkpoint at last_step or beyond is
@@ -26,16 +26,14 @@ def follow(model, split, split_name, logdir, last_step, timeout, pixels,
     logdir).
 
     model(images) builds the logits, with the variables the checkpoints
-    hold; a checkpoint that disappears or is half-written is skipped.
+    hold, and loss_and_accuracy(logits, labels) what is measured, as the
+    workers do; a checkpoint that disappears or is half-written is
+    skipped.
     """
     with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
         images = tf.placeholder(tf.float32, [None, pixels])
         labels = tf.placeholder(tf.float32, [None, split.labels.shape[1]])
-        logits = model(images)
-        loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits_v2(
-            labels=labels, logits=logits))
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(
-            tf.argmax(logits, 1), tf.argmax(labels, 1)), tf.float32))
+        loss, accuracy = loss_and_accuracy(model(images), labels)
         global_step = tf.train.get_or_create_global_step()
         saver = tf.train.Saver()
         writer = tf.summary.FileWriter(os.path.join(logdir, 'eval'))
@@ -58,7 +56,8 @@ def follow(model, split, split_name, logdir, last_step, timeout, pixels,
                 try:
                     saver.restore(sess, path)
                 except (tf.errors.NotFoundError, tf.errors.DataLossError,
-                        tf.errors.InvalidArgumentError) as e:
+                        tf.errors.InvalidArgumentError, ValueError) as e:
+                    # ValueError: its files are gone, the chief keeps few.
                     print('evaluator: skipped %s, which cannot be read (%s)'
                           % (path, errors.what_went_wrong(e)), flush=True)
                     continue

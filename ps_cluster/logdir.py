@@ -76,7 +76,8 @@ class Logdir:
             sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
         except errors.LOST:
             pass  # a lost ps, which the main thread waits for
-        except tf.errors.OpError as e:
+        except (tf.errors.OpError, ValueError) as e:
+            # ValueError: the logdir is no folder any more.
             self.failed('save a checkpoint', e)
 
     def close_summaries(self, writer):

@@ -73,7 +73,7 @@ class PsTask:
                          {self.gone_now: np.flatnonzero(newly_gone)})
             if np.all(ended | (silent > worker_timeout)):
                 left = np.flatnonzero(values == liveness.LEFT)
-                return [(i, reason.decode()) for i, reason in
+                return [(int(i), reason.decode()) for i, reason in
                         zip(left, sess.run(self.reasons)[left])]
             probes.fail_if_late('worker', workers,
                                 set(np.flatnonzero(np.isnan(heard))),

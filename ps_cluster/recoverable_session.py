@@ -52,7 +52,7 @@ class RecoverableSession:
     def __init__(self, sv, server, place, config, timeouts, stall,
                  logdir=None, tokens=None):
         self.sv, self.server, self.place = sv, server, place
-        self.cluster, self.me = place.cluster, place.index
+        self.cluster, self.index = place.cluster, place.index
         self.config, self.timeouts, self.stall = config, timeouts, stall
         self.logdir, self.tokens = logdir, tokens
         self.starts = []
@@ -64,7 +64,7 @@ class RecoverableSession:
         self._freeing = None  # a thread that frees the main thread
         probes.wait_for_tasks(self.cluster, 'ps', timeouts.startup)
         lost = errors.failing_if_cluster_lost(self.cluster,
-                                              ('worker', self.me))
+                                              ('worker', self.index))
         with lost, self._ending_if_ps_away(timeouts.startup):
             self._open()
         stall.watch(self._silent_ps, lambda: self.watchdog.silent_workers())
@@ -128,7 +128,7 @@ class RecoverableSession:
             return None
         try:
             self.sv.coord.raise_requested_exception()
-        except Exception as e:
+        except Exception as e:  # any: the caller raises it or recovers
             return e
         return None
 
@@ -156,8 +156,7 @@ class RecoverableSession:
         self.sv.coord.request_stop(error)
         deadline = time.time() + self.timeouts.ps
         print('worker=%d: %s; waiting up to %g s for it' % (
-            self.me, errors.lost_connection(
-                self.cluster, error, ('worker', self.me), self._missing_ps()),
+            self.index, self._lost(error, self._missing_ps()),
             self.timeouts.ps), flush=True)
         with self._ending_if_ps_away(self.timeouts.ps, error), \
                 self.stall.waiting_in('the wait for a lost ps',
@@ -206,13 +205,13 @@ class RecoverableSession:
 
     def _lost(self, error, missing):
         return errors.lost_connection(self.cluster, error,
-                                      ('worker', self.me), missing)
+                                      ('worker', self.index), missing)
 
     def _reopen(self, error):
         self._stop_threads(error)
-        self._open(again=True)
+        self._open(reopened=True)
         step = self.session.run(self.sv.global_step)
-        print('worker=%d: resuming at global_step=%d' % (self.me, step),
+        print('worker=%d: resuming at global_step=%d' % (self.index, step),
               flush=True)
         for start in self.starts:
             start(self.session)
@@ -233,7 +232,7 @@ class RecoverableSession:
             pass
         self.sv.coord.clear_stop()
 
-    def _open(self, again=False):
+    def _open(self, reopened=False):
         sv = self.sv
         with errors.failing_if_misplaced(self.cluster):
             self.watchdog = liveness.Watchdog(
@@ -245,7 +244,7 @@ class RecoverableSession:
             sess = session_start.open_session(
                 sv, self.server.target, self.config, self.cluster,
                 self.logdir and self.logdir.path, self.timeouts.startup,
-                again)
+                reopened)
         if self.logdir:  # the chief
             sv.loop(self.logdir.save_checkpoint_secs,
                     self.logdir.save_checkpoint, args=(sv, sess))

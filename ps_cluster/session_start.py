@@ -9,7 +9,8 @@ from ps_cluster import errors
 from ps_cluster.exits import TaskFailed
 
 
-def open_session(sv, target, config, cluster, logdir, timeout, again=False):
+def open_session(sv, target, config, cluster, logdir, timeout,
+                 reopened=False):
     """The Supervisor's session, within timeout, or TaskFailed saying why
     not. The chief joins the model
     if the ps tasks hold it (a ps that never left, while the chief was
@@ -44,7 +45,7 @@ def open_session(sv, target, config, cluster, logdir, timeout, again=False):
         print('worker=0: restored the model from %s at global_step=%d, on %d '
               'ps and %d workers' % (checkpoint, step, cluster.num_tasks('ps'),
                                      cluster.num_tasks('worker')), flush=True)
-    elif sv.is_chief and again:
+    elif sv.is_chief and reopened:
         print('worker=0: initialized the model again: %s' % (
             'no checkpoint in --logdir yet' if logdir
             else 'without --logdir there is no checkpoint to restore'),
@@ -61,4 +62,5 @@ def model_is_live(sv, target, config):
     own local ones among them."""
     with tf.Session(target, config=config) as probe:
         uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
-    return not uninitialized & {v.op.name for v in tf.global_variables()}
+    shared = sv.ready_op.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
+    return not uninitialized & {v.op.name for v in shared}

@@ -88,7 +88,8 @@ class StallWatch:
                 idle = time.time() - self._moved
                 where, watch_ps = self._where[-1]
             if failure:
-                self.die(failure)
+                self.die(failure)  # it ends the worker
+                return
             if not watching:
                 continue
             if idle > self.secs or (

@@ -1,11 +1,19 @@
-"""Which tasks live (ps_cluster/liveness.py): many workers complete, their
-cost per worker flat (bench/bench_scale.py measures it); a worker lost, and
-the others go on; a worker that fails at start-up says why to the others.
+"""Which tasks live (ps_cluster/liveness.py): in-process, with servers of
+one cluster in the test's own process, the counters' places, a worker's
+LEFT and its reason told to every ps that answers, and a worker's Watchdog,
+which ends it on a ps's farewell or on a chief that left before the model,
+waits for the others and names the silent ones. In a cluster of processes:
+many workers complete, their cost per worker flat (bench/bench_scale.py
+measures it); a worker lost, and the others go on; a worker that fails at
+start-up says why to the others.
 """
 
+import contextlib
 import os
+import queue
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -14,11 +22,277 @@ from conftest import (LONG_RUN, SCRIPTS, assert_clean_exit,
                       assert_interrupted, assert_one_error_line,
                       final_accuracies, listening, run_accuracy)
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster.exits import TaskFailed  # noqa: E402
+
+from small_model import cluster_of  # noqa: E402
+
+tf.disable_v2_behavior()
+
+
+def start(cluster, job, index):
+    return tf.train.Server(cluster, job_name=job, task_index=index,
+                           config=server.session_config(job, index, 1.0))
+
+
+def start_ps(cluster, index):
+    """Ps `index`'s server, its counters set up as the ps task sets them
+    up."""
+    return ps_task.PsTask(start(cluster, 'ps', index),
+                          sources.Place(cluster, 'ps', index))
+
+
+def on_ps(cluster, index, fetches):
+    """fetches(beats, departures, farewell, reasons), of ps `index`'s
+    counters, run in a session of its own."""
+    with tf.Graph().as_default():
+        counters = [c for [c] in liveness.counters(
+            cluster.num_tasks('worker'), [index])]
+        with tf.Session('grpc://' + cluster.task_address('ps', index),
+                        config=tf.ConfigProto(device_filters=[
+                            '/job:ps/task:%d' % index])) as sess:
+            return sess.run(fetches(*counters))
+
+
+def beats_and_reasons(cluster, index):
+    return on_ps(cluster, index, lambda beats, _, __, reasons: [
+        beats, reasons])
+
+
+def beat(cluster, index):
+    on_ps(cluster, 0, lambda beats, *_: tf.scatter_add(
+        beats, [index], tf.constant([1], tf.int64)))
+
+
+def done(cluster, index):
+    """Worker `index` ends, as its Watchdog's mark_done() marks it."""
+    on_ps(cluster, 0, lambda beats, *_: tf.scatter_update(
+        beats, [index], tf.constant([liveness.DONE], tf.int64)))
+
+
+def test_the_counters_lie_on_each_ps_asked_for():
+    with tf.Graph().as_default():
+        beats, departures, farewells, reasons = liveness.counters(3, [0, 2])
+    for k, vectors in zip((0, 2), zip(beats, departures, farewells, reasons)):
+        assert [v.device for v in vectors] == ['/job:ps/task:%d' % k] * 4
+        assert [v.op.name for v in vectors] == [
+            'liveness/%s_%d' % (name, k)
+            for name in ('beats', 'departures', 'farewell', 'reasons')]
+        assert [v.shape.as_list() for v in vectors] == [[3], [3], [], [3]]
+
+
+def test_say_left_marks_left_and_the_reason_on_every_ps(free_ports):
+    cluster = cluster_of(free_ports, 2, 2)
+    for k in (0, 1):
+        start_ps(cluster, k)
+    assert liveness.say_left(cluster, 1, 'bad data') is None
+    for k in (0, 1):
+        beats, reasons = beats_and_reasons(cluster, k)
+        assert beats.tolist() == [0, liveness.LEFT]
+        assert reasons.tolist() == [b'', b'bad data']
+
+
+def test_say_left_tries_again_for_a_ps_not_up_yet(free_ports):
+    cluster = cluster_of(free_ports, 2, 2)
+    start_ps(cluster, 0)
+    telling = threading.Thread(target=liveness.say_left, daemon=True,
+                               args=(cluster, 1, 'bad data', 30))
+    telling.start()
+    deadline = time.time() + 30
+    while beats_and_reasons(cluster, 0)[0][1] != liveness.LEFT:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    # Ps 0 told, ps 1 not there: it goes on trying.
+    assert telling.is_alive()
+    start_ps(cluster, 1)
+    telling.join(30)
+    assert not telling.is_alive()
+    beats, reasons = beats_and_reasons(cluster, 1)
+    assert beats.tolist() == [0, liveness.LEFT]
+    assert reasons.tolist() == [b'', b'bad data']
+
+
+def test_say_left_gives_up_on_a_ps_that_never_comes_after_secs(free_ports):
+    # Nothing ever listens at ps 1's port.
+    cluster = cluster_of(free_ports, 2, 2)
+    start_ps(cluster, 0)
+    started = time.time()
+    assert liveness.say_left(cluster, 1, 'bad data', secs=1) is None
+    assert 1 <= time.time() - started < 1 + 2
+    assert beats_and_reasons(cluster, 0)[0].tolist() == [0, liveness.LEFT]
+
+
+def test_say_left_marks_no_left_without_its_reason(free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    start(cluster, 'ps', 0)
+    # Only the beats set up: the reason cannot be written, and LEFT, which
+    # the others act on, waits for it.
+    on_ps(cluster, 0, lambda beats, *_: tf.variables_initializer([beats]))
+    liveness.say_left(cluster, 1, 'bad data')
+    assert on_ps(cluster, 0, lambda beats, *_: beats).tolist() == [0, 0]
+
+
+@contextlib.contextmanager
+def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
+             on_departure=None, training=False):
+    """Worker `index`'s Watchdog, on a server of its own, beside the
+    Supervisor of a model that is its global step alone; with `training`,
+    watching a session in which the model is initialized. Stopped at the
+    end."""
+    worker = start(cluster, 'worker', index)
+    config = server.session_config('worker', index, 1.0)
+    with tf.Graph().as_default():
+        with tf.device(tf.train.replica_device_setter(
+                worker_device='/job:worker/task:%d' % index,
+                cluster=cluster)):
+            global_step = tf.train.get_or_create_global_step()
+        sv = tf.train.Supervisor(is_chief=index == 0, global_step=global_step,
+                                 init_op=tf.global_variables_initializer())
+    dog = liveness.Watchdog(sv, worker, config,
+                            sources.Place(cluster, 'worker', index),
+                            startup_timeout, on_step, on_failure,
+                            on_departure)
+    sess = tf.Session(worker.target, graph=global_step.graph, config=config)
+    try:
+        if training:
+            sess.run(sv.init_op)
+            dog.watch_training(sess)
+        yield dog
+    finally:
+        sv.request_stop()
+        sv.stop()
+        dog.session.close()
+        sess.close()
+
+
+def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
+        free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    start(cluster, 'ps', 0)  # which sets up no counters
+    with pytest.raises(TaskFailed) as failed:
+        with watchdog(cluster, 1, print, startup_timeout=0.5):
+            pass
+    assert failed.value.message == ('the ps tasks did not set up their '
+                                    'liveness counters within 0.5 s')
+
+
+def test_a_ps_farewell_ends_the_worker_quoting_it(free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    ps = start_ps(cluster, 0)
+    failures = queue.Queue()
+    with watchdog(cluster, 0, failures.put):
+        ps.tell_workers('the ps was told to stop', 1)
+        assert failures.get(timeout=10) == (
+            'lost the connection to /job:ps/task:0 (%s), which ended: '
+            '"the ps was told to stop"' % cluster.task_address('ps', 0))
+
+
+def test_a_chief_that_left_before_the_model_ends_a_waiting_worker(
+        free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    start_ps(cluster, 0)
+    failures = queue.Queue()
+    with watchdog(cluster, 1, failures.put):
+        liveness.say_left(cluster, 0, 'bad data')
+        assert failures.get(timeout=10) == (
+            'the chief, /job:worker/task:0 (%s), went away before the model '
+            'was ready: "bad data"' % cluster.task_address('worker', 0))
+
+
+def test_the_watched_training_tells_each_global_step_it_reads(free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    start_ps(cluster, 0)
+    steps = queue.Queue()
+    with watchdog(cluster, 1, print, on_step=steps.put, training=True):
+        assert steps.get(timeout=10) == 0
+
+
+def test_a_worker_that_left_during_training_is_named_once(free_ports,
+                                                          capsys):
+    cluster = cluster_of(free_ports, 1, 2)
+    ps = start_ps(cluster, 0)
+    # The ps counts the departures that the Watchdog reads.
+    serving = threading.Thread(target=ps.serve_until_workers_gone,
+                               args=(10, 10), daemon=True)
+    serving.start()
+    asked, steps = queue.Queue(), queue.Queue()
+
+    def is_gone():
+        asked.put(True)
+        return True
+
+    with watchdog(cluster, 0, print, on_step=steps.put, on_departure=is_gone,
+                  training=True) as dog:
+        liveness.say_left(cluster, 1, 'bad data')
+        asked.get(timeout=10)
+        # Two more polls' steps: not asked again.
+        for _ in range(steps.qsize() + 2):
+            steps.get(timeout=10)
+        assert asked.empty()
+        dog.mark_done()
+    serving.join(10)
+    assert not serving.is_alive()
+    assert capsys.readouterr().out == (
+        'worker=0: /job:worker/task:1 (%s) is gone; training goes on '
+        'without it\n' % cluster.task_address('worker', 1))
+
+
+def test_wait_for_the_others_returns_once_the_others_are_done(free_ports):
+    cluster = cluster_of(free_ports, 1, 2)
+    start_ps(cluster, 0)
+    with watchdog(cluster, 0, print) as dog:
+        beat(cluster, 1)
+        waiting = threading.Thread(target=dog.wait_for_the_others,
+                                   daemon=True)
+        waiting.start()
+        # Worker 1 beat, and is neither done nor silent for GONE_SECS.
+        waiting.join(1)
+        assert waiting.is_alive()
+        done(cluster, 1)
+        waiting.join(10)
+        assert not waiting.is_alive()
+
+
+def test_wait_for_the_others_gives_up_on_a_silent_worker(free_ports,
+                                                         monkeypatch):
+    monkeypatch.setattr(liveness, 'GONE_SECS', 0.5)
+    cluster = cluster_of(free_ports, 1, 2)
+    start_ps(cluster, 0)
+    with watchdog(cluster, 0, print) as dog:
+        waiting = threading.Thread(target=dog.wait_for_the_others,
+                                   daemon=True)
+        waiting.start()
+        waiting.join(10)
+        assert not waiting.is_alive()
+
+
+def test_silent_workers_names_the_others_whose_counters_stand(free_ports):
+    # Worker 1 never beats, 2 is done, 3 beats; 0 is the Watchdog's own.
+    cluster = cluster_of(free_ports, 1, 4)
+    start_ps(cluster, 0)
+    done(cluster, 2)
+    stop = threading.Event()
+
+    def worker_3():
+        while not stop.is_set():
+            beat(cluster, 3)
+            time.sleep(0.1)
+
+    beating = threading.Thread(target=worker_3, daemon=True)
+    beating.start()
+    with watchdog(cluster, 0, print) as dog:
+        assert dog.silent_workers() == [
+            '/job:worker/task:1 (%s)' % cluster.task_address('worker', 1)]
+    stop.set()
+    beating.join()
 
 
 # Each script, and each of 1 and 2 ps tasks: the other two pairs run with 3
 # workers (test_mnist_dist.py, test_multihost.py, test_logdir.py).
+@pytest.mark.slow
 @pytest.mark.parametrize('script, num_ps', [('async', 1), ('sync', 2)])
 def test_sixteen_workers_complete(procs, free_ports, small_data, script,
                                   num_ps):
@@ -44,6 +318,7 @@ GONE = r'^worker=(\d): /job:worker/task:(\d) \(localhost:\d+\) is gone; ' \
        r'training goes on without it$'
 
 
+@pytest.mark.slow
 def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
     """Side by side: worker 2 killed, async and sync (30 ms a step: the sync
     run outlasts the 5 s of silence after which a worker is gone, however
@@ -91,6 +366,7 @@ def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
         assert_clean_exit(procs, ps, 0)
 
 
+@pytest.mark.slow
 def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                                                        small_data, tmp_path):
     """Side by side: an async chief and evaluator whose --logdir is a

@@ -1,5 +1,8 @@
-"""The chief's --logdir (ps_cluster/logdir.py): TensorBoard events,
-checkpoints, resuming, a restarted chief, a full or unwritable logdir."""
+"""The chief's --logdir (ps_cluster/logdir.py): in-process, the check
+before the chief joins, why the chief left, a checkpoint that cannot be
+saved, and the summary writer's thread and close; in a cluster of
+processes, TensorBoard events, checkpoints, resuming, a restarted chief, a
+full or unwritable logdir."""
 
 import glob
 import os
@@ -8,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -20,7 +24,144 @@ from launcher.compare import TIMING
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+from ps_cluster.logdir import Logdir, chief_left  # noqa: E402
+
+tf.disable_v2_behavior()
+
+CHIEF = '/job:worker/task:0'
+
+
+def test_check_makes_the_logdir_or_takes_the_one_there(tmp_path):
+    path = tmp_path / 'new' / 'logdir'
+    Logdir(str(path), CHIEF).check()
+    # Made, and the probe file it wrote is gone.
+    assert path.is_dir() and os.listdir(path) == []
+    (path / 'checkpoint').write_text('kept')
+    Logdir(str(path), CHIEF).check()
+    assert os.listdir(path) == ['checkpoint']
+
+
+# The logdir a file, or under one.
+@pytest.mark.parametrize('name', ['file', 'file/logdir'])
+def test_check_refuses_a_file(tmp_path, name):
+    (tmp_path / 'file').write_text('')
+    path = str(tmp_path / name)
+    with pytest.raises(ValueError) as refused:
+        Logdir(path, CHIEF).check()
+    assert re.fullmatch(r'--logdir=%s: cannot write there \(.+\)'
+                        % re.escape(path), str(refused.value))
+
+
+def test_chief_left_is_the_reason_only_if_newer_than_since(tmp_path):
+    logdir = Logdir(str(tmp_path), CHIEF)
+    assert chief_left(str(tmp_path), 0) is None  # no marker
+    logdir.say_left('interrupted')
+    # A marker from before `since` is an earlier run's.
+    os.utime(tmp_path / 'chief_left', (1000, 1000))
+    assert chief_left(str(tmp_path), 999) == 'interrupted'
+    assert chief_left(str(tmp_path), 1000) == 'interrupted'
+    assert chief_left(str(tmp_path), 1001) is None
+
+
+def test_forget_left_removes_the_marker(tmp_path):
+    logdir = Logdir(str(tmp_path), CHIEF)
+    logdir.say_left('interrupted')
+    logdir.forget_left()
+    assert os.listdir(tmp_path) == []
+    assert chief_left(str(tmp_path), 0) is None
+    logdir.forget_left()  # none to remove: nothing to say
+
+
+def test_say_left_makes_a_logdir_not_made_yet(tmp_path):
+    path = tmp_path / 'not' / 'made'
+    Logdir(str(path), CHIEF).say_left('cannot place the model')
+    assert chief_left(str(path), 0) == 'cannot place the model'
+
+
+def test_say_left_where_nothing_can_be_written_is_silent(tmp_path):
+    (tmp_path / 'file').write_text('')
+    path = str(tmp_path / 'file' / 'logdir')
+    Logdir(path, CHIEF).say_left('interrupted')
+    assert chief_left(path, 0) is None
+
+
+def test_a_checkpoint_that_cannot_be_saved_is_one_line(tmp_path, capsys):
+    logdir = str(tmp_path)
+    # The chief's Supervisor, as the scripts make it, on a server of this
+    # process.
+    with tf.Graph().as_default():
+        global_step = tf.train.get_or_create_global_step()
+        tf.Variable(tf.ones([3]), name='w')
+        sv = tf.train.Supervisor(
+            is_chief=True, logdir=logdir,
+            init_op=tf.global_variables_initializer(),
+            global_step=global_step,
+            saver=tf.train.Saver(save_relative_paths=True),
+            save_model_secs=0)
+    sess = sv.prepare_or_wait_for_session(
+        tf.train.Server.create_local_server().target,
+        start_standard_services=False)
+    try:
+        saving = Logdir(logdir, CHIEF)
+        global_step.load(7, sess)
+        # A directory where the checkpoint's index goes.
+        os.makedirs(os.path.join(logdir, 'model.ckpt-7.index', 'in_the_way'))
+        saving.save_checkpoint(sv, sess)
+        assert re.fullmatch(
+            r'%s: error: cannot save a checkpoint in --logdir=%s \(.+\); '
+            r'training goes on\n' % (CHIEF, re.escape(logdir)),
+            capsys.readouterr().err)
+        assert tf.train.latest_checkpoint(logdir) is None
+        # The next one is saved, at the global step.
+        global_step.load(8, sess)
+        saving.save_checkpoint(sv, sess)
+        assert capsys.readouterr().err == ''
+        saved = tf.train.latest_checkpoint(logdir)
+        assert saved == os.path.join(logdir, 'model.ckpt-8')
+        assert tf.train.load_variable(saved, 'global_step') == 8
+        assert list(tf.train.load_variable(saved, 'w')) == [1, 1, 1]
+    finally:
+        sv.stop()
+
+
+def test_failed_is_one_line(tmp_path, capsys):
+    error = tf.errors.ResourceExhaustedError(None, None, 'No space left')
+    Logdir(str(tmp_path), CHIEF).failed('write summaries', error)
+    assert capsys.readouterr().err == (
+        '%s: error: cannot write summaries in --logdir=%s (No space left); '
+        'training goes on\n' % (CHIEF, tmp_path))
+
+
+def test_close_summaries_closes_the_writer(tmp_path, capsys):
+    before = set(threading.enumerate())
+    writer = tf.summary.FileWriter(str(tmp_path))
+    [thread] = [t for t in set(threading.enumerate()) - before
+                if t.name == 'EventLoggerThread']
+    writer.add_summary(tf.Summary(value=[
+        tf.Summary.Value(tag='loss', simple_value=0.5)]), 3)
+    Logdir(str(tmp_path), CHIEF).close_summaries(writer)
+    assert not thread.is_alive()
+    assert capsys.readouterr().err == ''
+    # Written out as it closed.
+    [events] = glob.glob(str(tmp_path / 'events.out.*'))
+    assert [(e.step, v.tag, v.simple_value)
+            for e in tf.train.summary_iterator(events)
+            for v in e.summary.value] == [(3, 'loss', 0.5)]
+
+
+def test_is_summary_writer_knows_the_writers_thread(tmp_path):
+    before = set(threading.enumerate())
+    writer = tf.summary.FileWriter(str(tmp_path))
+    [thread] = [t for t in set(threading.enumerate()) - before
+                if t.name == 'EventLoggerThread']
+    try:
+        assert Logdir.is_summary_writer(thread)
+        assert not Logdir.is_summary_writer(threading.current_thread())
+        assert not Logdir.is_summary_writer(
+            threading.Thread(name=thread.name))
+    finally:
+        writer.close()
+
 
 STARTING = re.compile(r'^worker=(\d+), starting at global_step=(\d+)$', re.M)
 
@@ -50,6 +191,7 @@ def run(procs, free_ports, runs, timeout=120):
         :len(workers)] for name, (ps, workers) in clusters.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
                                           tmp_path, script):
@@ -226,6 +368,7 @@ def assert_evaluated_and_exported(procs, evaluator, outputs, logdir,
 STEPS = re.compile(r'^worker=1,epoch=\d+,global_step=(\d+),', re.M)
 
 
+@pytest.mark.slow
 def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
                                            tmp_path):
     # Killed once worker 1 is at epoch 20, the two scripts side by side.
@@ -269,6 +412,7 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     assert steps == sorted(steps) and len(steps) == 150
 
 
+@pytest.mark.slow
 def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
                                                     small_data, tmp_path):
     # A file system that fills up after the first checkpoint or so, for each
@@ -303,6 +447,7 @@ def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
         assert failed, outputs[script][0]
 
 
+@pytest.mark.slow
 def test_unwritable_logdir(procs, free_ports, small_data, tmp_path):
     not_a_dir = tmp_path / 'file'
     not_a_dir.write_text('')

@@ -102,16 +102,19 @@ def test_fashion_mnist_two_epochs(procs, free_ports, fashion_mnist, script,
 # A comment that starts with a label labels the block below it, up to the
 # next blank line or the next label.
 LABEL = re.compile(r'^\s*# (PS|ASYNC|SYNC): ')
-# The book's steps, in its order (docs/book.md).
+# The book's steps, in its order (docs/book.md); its model, loss and
+# accuracy first, as functions that the evaluator builds too.
 BOOK_STEPS = [
+    r'w = tf.Variable\(', r'b = tf.Variable\(',
+    r'loss_op = tf.reduce_mean\(cross_entropy\)', r'correct_pred = ',
+    r'accuracy_op = tf.reduce_mean', r'def main\(',
     r'tf.train.ClusterSpec\(', r"if FLAGS.job_name == 'ps':",
     r'tf.train.Server\(', r'is_chief = ', r'replica_device_setter\(',
     r'global_step = tf.train.get_or_create_global_step\(\)',
     r'x_p = tf.placeholder', r'y_p = tf.placeholder',
-    r'loss_op = tf.reduce_mean\(cross_entropy\)',
+    r'loss_op, accuracy_op = loss_and_accuracy\(model\(x_p\), y_p\)',
     r'optimizer = tf.train.GradientDescentOptimizer',
-    r'train_op = optimizer.minimize\(loss_op',
-    r'correct_pred = ', r'accuracy_op = ', r'sv = tf.train.Supervisor\(',
+    r'train_op = optimizer.minimize\(loss_op', r'sv = tf.train.Supervisor\(',
     r'lstep = 0', r'for epoch in ', r'feed_dict = \{x_p: x_batch',
     r'loss(, gstep)? = sess.run\(', r'lstep \+= ', r"print\('worker=%d,epoch=",
     r'accuracy = sess.run\(accuracy_op', r"print\('worker=%d, final accuracy"]

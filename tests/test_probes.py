@@ -1,20 +1,96 @@
-"""Whether a task is up (ps_cluster/probes.py): a task missing at start-up
-is named, by every task that waits for it."""
+"""Whether a task is up (ps_cluster/probes.py): in-process, against real
+sockets and an in-process TensorFlow server, what each probe tells and the
+start-up wait's line; and the cluster test of what only a cluster shows: a
+task missing at start-up is named, by every task that waits for it."""
 
 import contextlib
 import os
 import shutil
 import socket
 import sys
+import threading
 import time
 
 import pytest
 
 from conftest import REPO, SHORT_RUN, assert_one_error_line
+from ps_cluster import exits, probes
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+tf.disable_v2_behavior()
 
 
+def address(sock):
+    return 'localhost:%d' % sock.getsockname()[1]
+
+
+@pytest.fixture
+def closed():
+    """A port bound and not listening: a connection is refused, and no other
+    process can take the port meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(('localhost', 0))
+        yield sock
+
+
+@pytest.fixture
+def listening():
+    with socket.create_server(('localhost', 0)) as sock:
+        yield sock
+
+
+def test_is_listening(listening, closed):
+    assert probes.is_listening(address(listening))
+    assert not probes.is_listening(address(closed))
+
+
+def test_a_tensorflow_server_answers():
+    server = tf.train.Server.create_local_server()
+    assert server.target.startswith('grpc://')
+    assert probes.answers(server.target[len('grpc://'):])
+
+
+def test_a_port_that_is_no_tensorflow_server_does_not_answer(listening,
+                                                             closed):
+    # As a frozen ps: it accepts the connection and says nothing.
+    started = time.monotonic()
+    assert not probes.answers(address(listening), timeout=0.3)
+    assert time.monotonic() - started < 2
+    assert not probes.answers(address(closed), timeout=0.3)
+
+
+def test_the_wait_for_tasks_ends_once_every_task_listens(listening, closed):
+    cluster = tf.train.ClusterSpec({'ps': [address(listening),
+                                           address(closed)],
+                                    'worker': ['localhost:1']})
+    # ps 1 comes up during the wait; the worker is not waited for.
+    threading.Timer(0.3, closed.listen).start()
+    probes.wait_for_tasks(cluster, 'ps', 10)
+
+
+def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):
+    tasks = [address(listening), address(closed), address(closed)]
+    cluster = tf.train.ClusterSpec({'ps': tasks})
+    with pytest.raises(exits.TaskFailed) as failed:
+        probes.wait_for_tasks(cluster, 'ps', 0.3)
+    assert failed.value.message == (
+        '/job:ps/task:1 (%s) did not come up within 0.3 s' % tasks[1])
+
+
+def test_fail_if_late_only_after_the_deadline():
+    tasks = ['a:1', 'b:2', 'c:3']
+    late, due = time.time() - 1, time.time() + 60
+    probes.fail_if_late('worker', tasks, {1, 2}, due, 5)
+    probes.fail_if_late('worker', tasks, set(), late, 5)
+    with pytest.raises(exits.TaskFailed) as failed:
+        probes.fail_if_late('worker', tasks, {2, 1}, late, 5)
+    assert (failed.value.message, failed.value.status) == (
+        '/job:worker/task:1 (b:2) did not come up within 5 s', 1)
+
+
+@pytest.mark.slow  # not in the fast tier
 def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
     """Each case its own tasks, all at once: a ps that never comes, to a
     worker and to a chief; a chief that never comes, to a worker and the ps;

@@ -1,19 +1,159 @@
-"""A ps's end of a run (ps_cluster/ps_task.py): a worker that never came
-ends every task; a ps waits for silent workers in
-test_recoverable_session.py."""
+"""A ps's end of a run (ps_cluster/ps_task.py): in-process, on a ps server
+of the test's own process, the counters it sets up, whom it waits for, what
+it returns, a worker that never came, and the farewell it leaves the
+workers; in a cluster of processes, a worker that never came ends every
+task. A ps waits for silent workers in test_recoverable_session.py."""
 
+import os
+import threading
 import time
 
 import pytest
 
 from conftest import LONG_RUN, assert_one_error_line
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster.exits import TaskFailed  # noqa: E402
+
+tf.disable_v2_behavior()
+
+TOLD = 'the ps was told to stop'
+
+
+@pytest.fixture
+def cluster(free_ports):
+    """A ps, a server of this process, and two workers, which need no server
+    of their own: the tests act for them in sessions on the ps."""
+    ps, *workers = ['localhost:%d' % port for port in free_ports(3)]
+    spec = tf.train.ClusterSpec({'ps': [ps], 'worker': workers})
+    return spec, tf.train.Server(spec, job_name='ps', task_index=0,
+                                 config=server.session_config('ps', 0, 1.0))
+
+
+@pytest.fixture
+def ps(cluster):
+    spec, ps_server = cluster
+    return ps_task.PsTask(ps_server, sources.Place(spec, 'ps', 0))
+
+
+def on_ps(cluster, fetches):
+    """fetches(beats, departures, farewell, reasons), of ps 0's counters, run
+    in a session of its own, as a worker's would."""
+    spec, ps_server = cluster
+    with tf.Graph().as_default():
+        counters = [c for [c] in liveness.counters(
+            spec.num_tasks('worker'), [0])]
+        with tf.Session(ps_server.target, config=tf.ConfigProto(
+                device_filters=['/job:ps/task:0'])) as sess:
+            return sess.run(fetches(*counters))
+
+
+def read(cluster):
+    """Ps 0's counters: beats, departures, farewell, reasons."""
+    return on_ps(cluster, lambda *counters: counters)
+
+
+def beat(cluster, index):
+    on_ps(cluster, lambda beats, *_: tf.scatter_add(
+        beats, [index], tf.constant([1], tf.int64)))
+
+
+def done(cluster, index):
+    """Worker `index` ends, as its Watchdog's mark_done() marks it."""
+    on_ps(cluster, lambda beats, *_: tf.scatter_update(
+        beats, [index], tf.constant([liveness.DONE], tf.int64)))
+
+
+def test_the_ps_sets_up_its_counters_on_its_own_server(cluster, ps):
+    beats, departures, farewell, reasons = read(cluster)
+    assert beats.tolist() == [0, 0] and departures.tolist() == [0, 0]
+    assert farewell == b'' and reasons.tolist() == [b'', b'']
+
+
+def test_the_ps_returns_the_workers_that_left_and_why_once_all_ended(
+        cluster, ps):
+    done(cluster, 0)
+    liveness.say_left(cluster[0], 1, 'bad data')
+    assert ps.serve_until_workers_gone(5, 5) == [(1, 'bad data')]
+    # Ps 0 counted the departure, for the other workers to read.
+    beats, departures, farewell, reasons = read(cluster)
+    assert departures.tolist() == [0, 1]
+
+
+def test_a_beating_worker_keeps_the_ps_serving_until_it_is_done(cluster,
+                                                                ps):
+    done(cluster, 0)
+    ended = threading.Event()
+
+    def worker():
+        # Beats for longer than worker_timeout, then ends.
+        deadline = time.time() + 1.5
+        while time.time() < deadline:
+            beat(cluster, 1)
+            time.sleep(0.1)
+        done(cluster, 1)
+        ended.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    assert ps.serve_until_workers_gone(5, 1) == []
+    assert ended.is_set()
+    thread.join()
+
+
+def test_a_silent_worker_is_counted_gone_then_no_longer_waited_for(
+        cluster, ps, monkeypatch):
+    monkeypatch.setattr(liveness, 'GONE_SECS', 0.3)
+    done(cluster, 0)
+    beat(cluster, 1)
+    # Silent, not LEFT: no reason to return.
+    assert ps.serve_until_workers_gone(5, 1) == []
+    beats, departures, farewell, reasons = read(cluster)
+    assert departures.tolist() == [0, 1]
+
+
+def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(
+        cluster, ps, monkeypatch):
+    monkeypatch.setattr(ps_task, 'STARTUP_GRACE_SECS', 0.5)
+    done(cluster, 0)
+    started = time.time()
+    with pytest.raises(TaskFailed) as failed:
+        ps.serve_until_workers_gone(0.5, 60)
+    # The grace is the ps's own: the line names the workers' timeout.
+    assert time.time() - started >= 0.5 + 0.5
+    assert failed.value.message == (
+        '/job:worker/task:1 (%s) did not come up within 0.5 s'
+        % cluster[0].task_address('worker', 1))
+
+
+def test_the_farewell_waits_for_a_beating_worker_no_longer_than_secs(
+        cluster, ps):
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            beat(cluster, 1)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    started = time.time()
+    ps.tell_workers(TOLD, 2)
+    # Worker 1 never ends: the ps waits until 1 s before its time is up.
+    assert 1 <= time.time() - started < 2
+    stop.set()
+    thread.join()
+    beats, departures, farewell, reasons = read(cluster)
+    assert farewell == TOLD.encode()
 
 
 # The ps gives up on a worker that never came, and tells the others: a run
 # with fewer workers than asked for is a mistake of the cluster's, which
 # async and sync answer alike.
+@pytest.mark.slow
 def test_worker_that_never_came_ends_every_task(procs, free_ports,
                                                 small_data):
     ports = free_ports(4)

@@ -1,7 +1,11 @@
 """The session that outlives a lost ps (ps_cluster/recoverable_session.py):
-a ps killed and started again on its port, stopped and continued, or with
-its connections broken, and every worker stopped and continued, each cost
-no worker its run; a ps that does not come back ends every worker.
+in-process, with servers of one cluster in the test's process, the chief
+opens it once the ps is up, trains in it, and closing it ends the
+Supervisor's threads and marks the worker done on the ps; with no ps at its
+address, it fails after the startup timeout. In a cluster of processes, a
+ps killed and started again on its port, stopped and continued, or with its
+connections broken, and every worker stopped and continued, each cost no
+worker its run; a ps that does not come back ends every worker.
 """
 
 import glob
@@ -16,7 +20,109 @@ import pytest
 
 from conftest import FINAL_STEP, assert_clean_exit, final_accuracies, ps_port
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import liveness, server  # noqa: E402
+from ps_cluster.exits import TaskFailed  # noqa: E402
+from ps_cluster.ps_task import PsTask  # noqa: E402
+from ps_cluster.recoverable_session import (  # noqa: E402
+    RecoverableSession, Timeouts)
+from ps_cluster.sources import Place  # noqa: E402
+from ps_cluster.stall_watch import StallWatch  # noqa: E402
+
+from small_model import cluster_of, step_and_loss  # noqa: E402
+
+tf.disable_v2_behavior()
+
+# A lost ps, and the new session opened when it is back, are left to the
+# cluster tests below: a TensorFlow server cannot be stopped, and the ps
+# must go away and come back on its port.
+
+
+@pytest.fixture
+def ps(free_ports):
+    """The ps of a cluster of two workers, a server of this process, with
+    the liveness counters its PsTask sets up."""
+    cluster = cluster_of(free_ports)
+    ps_server = tf.train.Server(cluster, job_name='ps', task_index=0,
+                                config=server.session_config('ps', 0, 1.0))
+    return PsTask(ps_server, Place(cluster, 'ps', 0))
+
+
+def recoverable_session(cluster, died, startup_timeout=10):
+    """What the chief of the scripts builds, in a graph of its own (the
+    model, of 4 pixels and 2 classes, under replica_device_setter, and the
+    Supervisor), and its RecoverableSession, opened by the chief's own
+    server; a failure handed to the stall watch goes to died. Returns the
+    session and the training step."""
+    chief = tf.train.Server(cluster, job_name='worker', task_index=0,
+                            config=server.session_config('worker', 0, 1.0))
+    with tf.Graph().as_default():
+        with tf.device(tf.train.replica_device_setter(
+                worker_device='/job:worker/task:0', cluster=cluster)):
+            global_step, loss = step_and_loss()
+            train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
+                loss, global_step=global_step)
+        sv = tf.train.Supervisor(
+            is_chief=True, init_op=tf.global_variables_initializer(),
+            global_step=global_step,
+            saver=tf.train.Saver(save_relative_paths=True),
+            recovery_wait_secs=1, save_model_secs=0)
+        timeouts = Timeouts(startup=startup_timeout, ps=10, stall=60)
+        sess = RecoverableSession(
+            sv, chief, Place(cluster, 'worker', 0),
+            server.session_config('worker', 0, 1.0), timeouts,
+            StallWatch(timeouts.stall, timeouts.ps, died.append))
+    return sess, train_op
+
+
+def test_the_chief_opens_the_session_once_the_ps_is_up_and_trains(ps,
+                                                                  capsys):
+    died = []
+    sess, train_op = recoverable_session(ps.place.cluster, died)
+    assert capsys.readouterr().out == 'worker=0: initialized the model\n'
+    for _ in range(3):
+        sess.run(train_op)
+    assert sess.run(sess.sv.global_step) == 3
+    sess.close()
+    assert died == []
+
+
+def test_on_each_session_calls_start_at_once(ps):
+    sess, _ = recoverable_session(ps.place.cluster, [])
+    started = []
+    sess.on_each_session(started.append)
+    assert started == [sess.session]
+    sess.close()
+
+
+def test_close_ends_the_supervisors_threads_and_marks_the_worker_done(ps):
+    died = []
+    sess, _ = recoverable_session(ps.place.cluster, died)
+    # The chief beats from the start; worker 1 never came.
+    [chief_beats, worker_beats] = ps.sess.run(ps.beats)
+    assert chief_beats > 0 and worker_beats == 0
+    sess.close()
+    assert sess.sv.coord.should_stop() and not sess.watchdog.is_alive()
+    assert list(ps.sess.run(ps.beats)) == [liveness.DONE, 0]
+    with pytest.raises(RuntimeError, match='closed Session'):
+        sess.run(sess.sv.global_step)
+    assert died == []
+
+
+def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
+        free_ports):
+    cluster = cluster_of(free_ports)  # nothing listens at the ps's port
+    died = []
+    started = time.time()
+    with pytest.raises(TaskFailed) as failed:
+        recoverable_session(cluster, died, startup_timeout=1)
+    assert time.time() - started >= 1
+    assert failed.value.message == (
+        '/job:ps/task:0 (%s) did not come up within 1 s'
+        % cluster.task_address('ps', 0))
+    assert died == []
 
 
 # Long enough to be stopped mid-run: 10 steps an epoch on the small data.
@@ -32,6 +138,7 @@ RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
 # second); sync, once; sync with 2 ps, once: the one killed holds a
 # variable, the other the token queue, on which the chief's training step
 # may wait while its update loop stops on the lost one.
+@pytest.mark.slow
 def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                                                       small_data, tmp_path):
     runs = []
@@ -94,6 +201,7 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
 # for 20 s, async and sync; and every worker of an async run, as behind a
 # cut network, for longer than a notice of a worker gone and than the 15 s
 # after which a ps once left: its ps waits (--worker_timeout).
+@pytest.mark.slow
 def test_a_pause_costs_no_worker_its_run(procs, free_ports, small_data):
     runs = {script: procs.cluster(script, free_ports,
                                   '--data_dir=' + small_data, *LONG_RUN[1:],
@@ -121,6 +229,7 @@ def test_a_pause_costs_no_worker_its_run(procs, free_ports, small_data):
         assert_clean_exit(procs, ps, 0)
 
 
+@pytest.mark.slow
 def test_broken_connections_cost_no_worker(procs, free_ports, small_data):
     # The kernel closes the workers' connections to a ps that stays up, as
     # a busy network may: `ss -K` (root) destroys the sockets. Async steps
@@ -161,6 +270,7 @@ def test_broken_connections_cost_no_worker(procs, free_ports, small_data):
 # worker then opens a new session, which waits in TensorFlow for the ps with
 # no timeout. Another process answering at its port a moment makes every
 # worker do so.
+@pytest.mark.slow
 def test_lost_ps_ends_every_worker(procs, free_ports, small_data):
     runs = {(script, its_port): procs.cluster(
         script, free_ports, '--data_dir=' + small_data, '--ps_timeout=5',

@@ -1,6 +1,10 @@
-"""Where a worker's model comes from (ps_cluster/session_start.py): a
-checkpoint that cannot be restored ends every worker. Restoring and joining
-the live model are in test_logdir.py and test_recoverable_session.py."""
+"""Where a worker's model comes from (ps_cluster/session_start.py):
+in-process, with servers of one cluster in the test's process, the chief
+initializes a new model, restores the last checkpoint, or joins the live
+model on the ps, and says which; a damaged checkpoint, or a chief that never
+initializes, fails the worker in one line. In a cluster of processes, a
+checkpoint that cannot be restored ends every worker (restoring and joining
+the live model there: test_logdir.py and test_recoverable_session.py)."""
 
 import os
 
@@ -8,9 +12,169 @@ import pytest
 
 from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import server, session_start  # noqa: E402
+from ps_cluster.exits import TaskFailed  # noqa: E402
+
+from small_model import cluster_of, step_and_loss  # noqa: E402
+
+tf.disable_v2_behavior()
 
 
+@pytest.fixture
+def cluster(free_ports):
+    """A ps and two workers, each a server of this process: the cluster,
+    and the servers by (job, index)."""
+    spec = cluster_of(free_ports)
+    return spec, {(job, i): tf.train.Server(
+        spec, job_name=job, task_index=i,
+        config=server.session_config(job, i, 1.0))
+        for job, i in (('ps', 0), ('worker', 0), ('worker', 1))}
+
+
+def supervisor(cluster, index, logdir=None):
+    """What worker `index` of the scripts builds, in a graph of its own: the
+    model (of 4 pixels and 2 classes) under replica_device_setter, and the
+    Supervisor; and its training step."""
+    with tf.Graph().as_default():
+        with tf.device(tf.train.replica_device_setter(
+                worker_device='/job:worker/task:%d' % index,
+                cluster=cluster)):
+            global_step, loss = step_and_loss()
+            train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
+                loss, global_step=global_step)
+        return tf.train.Supervisor(
+            is_chief=index == 0, logdir=logdir,
+            init_op=tf.global_variables_initializer(),
+            global_step=global_step,
+            saver=tf.train.Saver(save_relative_paths=True),
+            recovery_wait_secs=1, save_model_secs=0), train_op
+
+
+def open_session(cluster, sv, index, logdir=None, timeout=10,
+                 reopened=False):
+    """session_start.open_session() as worker `index` calls it, on its own
+    server, its model's graph the default one, as in its own process."""
+    spec, servers = cluster
+    with sv.global_step.graph.as_default():
+        return session_start.open_session(
+            sv, servers['worker', index].target,
+            server.session_config('worker', index, 1.0), spec, logdir,
+            timeout, reopened)
+
+
+def is_live(cluster):
+    """model_is_live(), as a chief started now would find it."""
+    spec, servers = cluster
+    sv, _ = supervisor(spec, 0)
+    with sv.global_step.graph.as_default():
+        return session_start.model_is_live(
+            sv, servers['worker', 0].target,
+            server.session_config('worker', 0, 1.0))
+
+
+def test_the_chief_initializes_a_new_model_which_the_others_find(
+        cluster, capsys):
+    assert not is_live(cluster)
+    chief, _ = supervisor(cluster[0], 0)
+    sess = open_session(cluster, chief, 0)
+    assert capsys.readouterr().out == 'worker=0: initialized the model\n'
+    assert is_live(cluster)
+    # Worker 1 finds the chief's model ready, and has nothing to say.
+    worker, _ = supervisor(cluster[0], 1)
+    worker_sess = open_session(cluster, worker, 1)
+    assert worker_sess.run(worker.global_step) == 0
+    assert capsys.readouterr().out == ''
+    for sv, session in ((chief, sess), (worker, worker_sess)):
+        sv.stop()  # first: its threads run in the session
+        session.close()
+
+
+@pytest.mark.parametrize('with_logdir, why', [
+    (False, 'without --logdir there is no checkpoint to restore'),
+    (True, 'no checkpoint in --logdir yet')])
+def test_a_chief_that_lost_the_model_says_why_it_initializes_again(
+        cluster, capsys, tmp_path, with_logdir, why):
+    logdir = str(tmp_path) if with_logdir else None
+    sv, _ = supervisor(cluster[0], 0, logdir)
+    sess = open_session(cluster, sv, 0, logdir, reopened=True)
+    assert capsys.readouterr().out == (
+        'worker=0: initialized the model again: %s\n' % why)
+    sv.stop()
+    sess.close()
+
+
+def test_the_chief_restores_the_last_checkpoint(cluster, capsys, tmp_path):
+    # Saved as the chief saves it, by a session of no cluster.
+    with tf.Graph().as_default(), tf.Session() as saving:
+        tf.Variable(7, dtype=tf.int64, name='global_step')
+        tf.Variable(tf.zeros([4, 2]), name='w')
+        tf.Variable(tf.zeros([2]), name='b')
+        saving.run(tf.global_variables_initializer())
+        checkpoint = tf.train.Saver(save_relative_paths=True).save(
+            saving, str(tmp_path / 'model.ckpt'), global_step=7)
+    sv, _ = supervisor(cluster[0], 0, str(tmp_path))
+    sess = open_session(cluster, sv, 0, str(tmp_path))
+    assert capsys.readouterr().out == (
+        'worker=0: restored the model from %s at global_step=7, on 1 ps and '
+        '2 workers\n' % checkpoint)
+    assert sess.run(sv.global_step) == 7
+    sv.stop()
+    sess.close()
+
+
+def test_the_chief_joins_the_live_model_not_its_older_checkpoint(
+        cluster, capsys, tmp_path):
+    logdir = str(tmp_path)
+    sv, train_op = supervisor(cluster[0], 0, logdir)
+    sess = open_session(cluster, sv, 0, logdir)
+    for _ in range(2):
+        sess.run(train_op)
+    sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+    sess.run(train_op)
+    sv.stop()
+    sess.close()
+    capsys.readouterr()
+    # The chief started again, while the ps kept the model of step 3.
+    sv, _ = supervisor(cluster[0], 0, logdir)
+    sess = open_session(cluster, sv, 0, logdir)
+    assert capsys.readouterr().out == (
+        'worker=0: joined the live model on the ps at global_step=3\n')
+    assert sess.run(sv.global_step) == 3
+    sv.stop()
+    sess.close()
+
+
+def test_a_damaged_checkpoint_fails_the_chief(cluster, tmp_path):
+    (tmp_path / 'checkpoint').write_text(
+        'model_checkpoint_path: "model.ckpt-10"\n')
+    for suffix in ('index', 'data-00000-of-00001', 'meta'):
+        (tmp_path / ('model.ckpt-10.' + suffix)).write_bytes(os.urandom(512))
+    sv, _ = supervisor(cluster[0], 0, str(tmp_path))
+    with pytest.raises(TaskFailed) as failed:
+        open_session(cluster, sv, 0, str(tmp_path))
+    sv.stop()
+    # In the parentheses, TensorFlow's own line of what it found.
+    assert failed.value.message == (
+        'cannot restore the checkpoint %s (not an sstable (bad magic '
+        'number)): move it away, or choose another --logdir'
+        % (tmp_path / 'model.ckpt-10'))
+    assert not is_live(cluster)
+
+
+def test_a_worker_whose_chief_never_initializes_the_model_fails(cluster):
+    sv, _ = supervisor(cluster[0], 1)
+    with pytest.raises(TaskFailed) as failed:
+        open_session(cluster, sv, 1, timeout=1)
+    sv.stop()
+    assert failed.value.message == (
+        'the chief, /job:worker/task:0 (%s), did not initialize the model '
+        'within 1 s' % cluster[0].task_address('worker', 0))
+
+
+@pytest.mark.slow
 def test_unreadable_checkpoint_ends_every_worker(procs, free_ports,
                                                  small_data, tmp_path):
     logdir = tmp_path / 'logdir'

@@ -1,16 +1,164 @@
-"""The stall watch (ps_cluster/stall_watch.py): a run that makes no step
-ends every worker, naming why."""
+"""The stall watch (ps_cluster/stall_watch.py): in-process, its decisions
+and the line it ends a worker with, for a failure handed over, a step that
+stands still, a ps or a worker that is silent; and the cluster test of what
+only a cluster shows: a run that makes no step ends every worker, naming
+why."""
 
 import os
+import queue
 import signal
+import threading
 import time
 
 import pytest
 
 from conftest import (LONG_RUN, SCRIPTS, assert_clean_exit,
                       assert_one_error_line, ps_port)
+from ps_cluster.stall_watch import StallWatch
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+PS = '/job:ps/task:0 (localhost:1)'
+WORKER = '/job:worker/task:1 (localhost:3)'
+
+
+class Die:
+    """A worker's die(message) never returns: it ends the process. This one
+    parks the watch's thread for good instead, and keeps what it was
+    handed."""
+
+    def __init__(self):
+        self.said = queue.Queue()
+
+    def __call__(self, message):
+        self.said.put(message)
+        threading.Event().wait()
+
+    def first(self):
+        return self.said.get(timeout=5)
+
+
+@pytest.fixture
+def die(monkeypatch):
+    monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.02)
+    monkeypatch.setattr(StallWatch, 'PROBE_SECS', 0.05)
+    monkeypatch.setattr(StallWatch, 'CALL_SECS', 0.1)
+    return Die()
+
+
+def test_a_failure_handed_over_ends_the_worker_at_once(die, monkeypatch):
+    # Not at the next poll: at once, and before watch().
+    monkeypatch.setattr(StallWatch, 'POLL_SECS', 60)
+    watch = StallWatch(60, 60, die)
+    watch.fail('the data ran out')
+    watch.fail('lost the connection to ' + PS)
+    assert die.first() == 'the data ran out'
+
+
+def test_before_watch_a_standing_step_ends_nothing(die):
+    watch = StallWatch(0.05, 0.05, die)
+    watch.step(3)
+    time.sleep(0.3)  # many polls, past secs
+    watch.fail('over')
+    assert die.first() == 'over'
+
+
+@pytest.mark.parametrize('silent_workers, missing', [
+    ([WORKER], WORKER), ([], 'none')])
+def test_no_step_for_secs_ends_the_worker_naming_the_silent_workers(
+        die, silent_workers, missing):
+    watch = StallWatch(0.2, 60, die)
+    with watch.waiting_in('the sync token queue'):
+        watch.watch(lambda: [], lambda: silent_workers)
+        assert die.first() == (
+            'training stalled: no new global step for 0.2 s, waiting in '
+            'the sync token queue; missing: ' + missing)
+
+
+def test_a_silent_ps_is_named_after_ps_secs(die):
+    watch = StallWatch(60, 0.1, die)
+    # A wait that is over says nothing any more.
+    with watch.waiting_in('opening a session', watch_ps=False):
+        pass
+    watch.watch(lambda: [PS, '/job:ps/task:1 (localhost:2)'], lambda: [])
+    assert die.first() == (
+        'training stalled: no new global step for 0.1 s, waiting in a '
+        'training run; ' + PS + ' does not answer, /job:ps/task:1 '
+        '(localhost:2) does not answer')
+
+
+def test_a_wait_without_watch_ps_leaves_a_lost_ps_to_the_wait(die):
+    watch = StallWatch(0.4, 0.05, die)
+    with watch.waiting_in('opening a session', watch_ps=False):
+        watch.watch(lambda: [PS], lambda: [])
+        # Not after ps_secs: after secs, which the line says.
+        assert die.first() == (
+            'training stalled: no new global step for 0.4 s, waiting in '
+            'opening a session; ' + PS + ' does not answer')
+
+
+def test_steps_that_move_keep_the_watch_quiet(die):
+    watch = StallWatch(0.5, 0.5, die)
+    watch.watch(lambda: [PS], lambda: [WORKER])
+    deadline = time.monotonic() + 1
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        watch.step(step)
+        time.sleep(0.01)
+    watch.fail('over')
+    assert die.first() == 'over'
+
+
+def test_a_step_read_again_has_not_moved(die):
+    watch = StallWatch(0.2, 60, die)
+    watch.watch(lambda: [], lambda: [WORKER])
+    deadline = time.monotonic() + 5
+    while die.said.empty() and time.monotonic() < deadline:
+        watch.step(7)
+        time.sleep(0.01)
+    assert die.first() == (
+        'training stalled: no new global step for 0.2 s, waiting in a '
+        'training run; missing: ' + WORKER)
+
+
+def test_after_stop_a_stall_ends_nothing_and_a_failure_still_does(die):
+    watch = StallWatch(0.05, 0.05, die)
+    watch.watch(lambda: [PS], lambda: [WORKER])
+    watch.stop()
+    time.sleep(0.3)  # many polls, past secs
+    watch.fail('the chief ended: "interrupted"')
+    assert die.first() == 'the chief ended: "interrupted"'
+
+
+def test_stop_while_a_ps_is_called_ends_nothing(die, monkeypatch):
+    # The call answers, late: it names the ps after stop().
+    monkeypatch.setattr(StallWatch, 'CALL_SECS', 60)
+    called, answer = threading.Event(), threading.Event()
+
+    def silent_ps():
+        called.set()
+        answer.wait()
+        return [PS]
+    watch = StallWatch(60, 0.05, die)
+    watch.watch(silent_ps, lambda: [])
+    assert called.wait(5)
+    watch.stop()
+    answer.set()
+    watch.fail('over')
+    assert die.first() == 'over'
+
+
+def test_calls_that_block_past_call_secs_are_given_up_on(die):
+    frozen = threading.Event()  # a frozen ps, thawed when the test is done
+    watch = StallWatch(0.3, 0.05, die)
+    try:
+        watch.watch(frozen.wait, frozen.wait)
+        # The ps given up on counts as answering; the workers as unknown.
+        assert die.first() == (
+            'training stalled: no new global step for 0.3 s, waiting in a '
+            'training run; missing: unknown')
+    finally:
+        # Threads left in a call would hold the interpreter's exit.
+        frozen.set()
 
 
 # A stalled run ends every worker, each naming why, side by side: a frozen
@@ -18,6 +166,7 @@ pytestmark = pytest.mark.slow  # not in the fast tier
 # call with a deadline tells it from a live one; the line names the ps,
 # never the worker itself, which a failed call's error may name); and a sync
 # chief killed, without which no update is applied.
+@pytest.mark.slow  # not in the fast tier
 def test_a_stalled_run_ends_every_worker_naming_why(procs, free_ports,
                                                     small_data):
     frozen = {script: procs.cluster(script, free_ports,

@@ -1,0 +1,135 @@
+"""What a worker reports beyond the book's lines (ps_cluster/training_log.py),
+in-process: where it starts, its pace, its totals, and the chief's summaries,
+written by a real Supervisor into event files that are read back."""
+
+import contextlib
+import glob
+import os
+import re
+import time
+
+import numpy as np
+
+import mnist_data
+from ps_cluster.training_log import TrainingLog
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+tf.disable_v2_behavior()
+
+# Validation and test splits of 25 and 50 images; accuracy_on() gives each
+# an accuracy of its own, so that the summaries tell them apart.
+MNIST = mnist_data.Datasets(
+    train=None,
+    validation=mnist_data.Split(np.zeros((25, mnist_data.IMAGE_PIXELS)),
+                                np.eye(10)[np.zeros(25, int)]),
+    test=mnist_data.Split(np.zeros((50, mnist_data.IMAGE_PIXELS)),
+                          np.eye(10)[np.zeros(50, int)]))
+
+
+def accuracy_on(split):
+    return len(split.images) / 100
+
+
+@contextlib.contextmanager
+def chief(logdir=None):
+    """The chief's Supervisor, as the scripts make it, and its session;
+    stopped at the end."""
+    with tf.Graph().as_default():
+        global_step = tf.train.get_or_create_global_step()
+        sv = tf.train.Supervisor(
+            is_chief=True, logdir=logdir,
+            init_op=tf.global_variables_initializer(),
+            global_step=global_step, save_model_secs=0)
+    sess = sv.prepare_or_wait_for_session('', start_standard_services=False)
+    try:
+        yield sv, sess
+    finally:
+        sv.stop()
+
+
+def scalars(logdir):
+    """[(global step, tag, value)] of the scalars in logdir's event files,
+    in the order written."""
+    return [(event.step, value.tag, value.simple_value)
+            for path in sorted(glob.glob(os.path.join(logdir, 'events.*')))
+            for event in tf.train.summary_iterator(path)
+            for value in event.summary.value]
+
+
+def test_it_says_where_it_starts(capsys):
+    with chief() as (sv, sess):
+        TrainingLog(sv, sess, 40, 2, accuracy_on, MNIST)
+    assert capsys.readouterr().out == 'worker=2, starting at global_step=40\n'
+
+
+def test_progress_every_few_seconds(capsys, monkeypatch):
+    monkeypatch.setattr(TrainingLog, 'PROGRESS_EVERY_SECS', 0.2)
+    with chief() as (sv, sess):
+        log = TrainingLog(sv, sess, 0, 1, accuracy_on, MNIST)
+        capsys.readouterr()
+        log.step(3, 1, 2.0)
+        assert capsys.readouterr().out == ''  # too soon
+        deadline = time.time() + 10
+        local_step, out = 1, ''
+        while not out and time.time() < deadline:
+            time.sleep(0.02)
+            local_step += 1
+            log.step(local_step + 2, local_step, 2.0)
+            out = capsys.readouterr().out
+        assert re.fullmatch(r'worker=1, global_step=%d, local_step=%d, '
+                            r'\d+ steps/s\n' % (local_step + 2, local_step),
+                            out)
+        # The next one, PROGRESS_EVERY_SECS later.
+        log.step(local_step + 3, local_step + 1, 2.0)
+        assert capsys.readouterr().out == ''
+
+
+def test_loss_every_summary_steps_of_its_own(tmp_path):
+    with chief(str(tmp_path)) as (sv, sess):
+        log = TrainingLog(sv, sess, 100, 0, accuracy_on, MNIST)
+        # (global step, local step, loss): a loss each time the local step
+        # passes a multiple of 50, at the global step; once for a
+        # session.run that passes two (150 and 200).
+        for global_step, local_step, loss in [
+                (130, 30, 4.0), (149, 49, 3.0), (150, 50, 2.5), (199, 99, 2.0),
+                (230, 130, 1.5), (340, 240, 1.25)]:
+            log.step(global_step, local_step, loss)
+    assert scalars(str(tmp_path)) == [
+        (150, 'loss', 2.5), (230, 'loss', 1.5), (340, 'loss', 1.25)]
+
+
+def test_accuracies_writes_validation_and_test_accuracy(tmp_path):
+    with chief(str(tmp_path)) as (sv, sess):
+        TrainingLog(sv, sess, 0, 0, accuracy_on, MNIST).accuracies(120)
+    assert sorted(scalars(str(tmp_path))) == [
+        (120, 'test_accuracy', 0.5), (120, 'validation_accuracy', 0.25)]
+
+
+def test_final_says_the_totals_and_writes_test_accuracy(tmp_path, capsys):
+    with chief(str(tmp_path)) as (sv, sess):
+        log = TrainingLog(sv, sess, 100, 3, accuracy_on, MNIST)
+        log.step(160, 20, 1.0)
+        capsys.readouterr()
+        log.final(180, 0.875)
+    assert re.fullmatch(r'worker=3, local_steps=20, global_step=180, '
+                        r'train_seconds=\d+\.\d, steps_per_sec=\d+\.\d\n',
+                        capsys.readouterr().out)
+    assert scalars(str(tmp_path)) == [(180, 'test_accuracy', 0.875)]
+
+
+def test_without_a_logdir_nothing_is_written(tmp_path, capsys, monkeypatch):
+    measured = []
+    monkeypatch.chdir(tmp_path)
+    with chief() as (sv, sess):
+        assert sv.summary_writer is None
+        log = TrainingLog(sv, sess, 0, 0, measured.append, MNIST)
+        log.step(50, 50, 1.0)
+        log.accuracies(50)
+        log.final(50, 0.5)
+    # Not even measured; the lines are said all the same.
+    assert measured == [] and os.listdir(tmp_path) == []
+    assert re.fullmatch(r'worker=0, starting at global_step=0\nworker=0, '
+                        r'local_steps=50, global_step=50, .*\n',
+                        capsys.readouterr().out)
