@@ -74,7 +74,8 @@ def loss_and_accuracy(logits, y_p):
 
 
 def main(_):
-    # PS: Ctrl-C, SIGTERM or a port in use end a task with one line.
+    # PS: a failure, Ctrl-C, SIGTERM or a port in use ends a task with one
+    # line.
     cluster_utils.end_in_one_line()
     tf.logging.set_verbosity(tf.logging.ERROR)
     tf.disable_v2_behavior()

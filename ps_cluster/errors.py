@@ -26,11 +26,11 @@ def what_went_wrong(error):
     return after[0] if after else lines[0]
 
 
-def lost_connection(cluster, error, me, missing=()):
+def lost_connection(cluster, error, this_task, missing=()):
     """'lost the connection to' a ps task of `missing` (found not
     answering), else to the task that a call in the error failed to reach,
-    else to another task it names, never `me` (job, index), else to the ps
-    tasks."""
+    else to another task it names, never this_task (job, index), else to
+    the ps tasks."""
     # The tasks named first may only have passed the error on: with 2 ps, a
     # live ps whose part of the step failed on the lost one.
     # Nor is this task lost: a call that this task's own server failed
@@ -38,7 +38,7 @@ def lost_connection(cluster, error, me, missing=()):
     def named(prefix):
         return [(job, int(i)) for job, i in re.findall(
             prefix + r'/job:(\w+)/replica:\d+/task:(\d+)',
-            error.message if error else '') if (job, int(i)) != me]
+            error.message if error else '') if (job, int(i)) != this_task]
     # Older TF, 1.15 among them, names no remote target.
     lost = ([('ps', i) for i in sorted(missing)] or named('remote target ')
             or named(''))
@@ -51,12 +51,12 @@ def lost_connection(cluster, error, me, missing=()):
 
 
 @contextlib.contextmanager
-def failing_if_cluster_lost(cluster, me):
+def failing_if_cluster_lost(cluster, this_task):
     """TaskFailed, naming the task, when a ps task goes away."""
     try:
         yield
     except LOST as e:
-        raise TaskFailed(lost_connection(cluster, e, me))
+        raise TaskFailed(lost_connection(cluster, e, this_task))
 
 
 @contextlib.contextmanager

@@ -266,7 +266,7 @@ class Watchdog(tf.train.LooperThread):
             if (self.on_ps_lost and self.sess is not None
                     and not self._paused.is_set()):
                 self.on_ps_lost()
-        except Exception:  # any other, a thread's: the main thread says it
+        except Exception:  # any other, a thread's: sv.stop() raises it
             pass
 
     def _someone_departed(self):

@@ -128,8 +128,8 @@ class RecoverableSession:
             return None
         try:
             self.sv.coord.raise_requested_exception()
-        except Exception as e:  # any: the caller raises it or recovers
-            return e
+        except Exception as e:  # any: LOST is recovered from; any other,
+            return e            # sv.stop() raises in close()
         return None
 
     def _ps_lost_by_a_thread(self):
@@ -228,8 +228,11 @@ class RecoverableSession:
         try:
             self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,
                                ignore_live_threads=True)
-        except Exception:  # any: the error they stopped on, said already
-            pass
+        except errors.LOST:
+            pass  # the error this worker recovers from
+        except Exception as e:  # any other a thread stopped on before: said
+            print('worker=%d: a thread stopped: %s'
+                  % (self.index, errors.what_went_wrong(e)), flush=True)
         self.sv.coord.clear_stop()
 
     def _open(self, reopened=False):

@@ -9,6 +9,7 @@ opening or closing a session, and the threads that would notice.
 
 import concurrent.futures
 import contextlib
+import sys
 import threading
 import time
 
@@ -107,19 +108,25 @@ class StallWatch:
                         or 'none'))
 
     def _call(self, function, otherwise):
-        """function(), or otherwise if it takes more than CALL_SECS: it may
-        meet a frozen ps too."""
+        """function(), or otherwise if it takes more than CALL_SECS (it may
+        meet a frozen ps too) or fails."""
         pool = concurrent.futures.ThreadPoolExecutor(1)
         try:
             return pool.submit(function).result(self.CALL_SECS)
         except concurrent.futures.TimeoutError:
+            return otherwise
+        except Exception as e:  # none expected: said, and the watch goes on
+            print('stall watch: %s failed: %s' % (function.__name__, e),
+                  file=sys.stderr, flush=True)
             return otherwise
         finally:
             pool.shutdown(wait=False)
 
     def _end(self, secs, where, why):
         with self._lock:
-            stopped = self._stopped
-        if not stopped:
+            stopped, failure = self._stopped, self._failure
+        if failure:  # handed over while the probes ran: it is the cause
+            self.die(failure)
+        elif not stopped:
             self.die('training stalled: no new global step for %g s, '
                      'waiting in %s; %s' % (secs, where, why))

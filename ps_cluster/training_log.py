@@ -16,7 +16,7 @@ class TrainingLog:
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
                  mnist):
-        self.sv, self.sess, self.me = sv, sess, task_index
+        self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.writing = sv.summary_writer is not None
         self.started = self.last_progress = time.time()
@@ -33,7 +33,7 @@ class TrainingLog:
         if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
             self.last_progress = time.time()
             print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
-                  % (self.me, global_step, local_step,
+                  % (self.index, global_step, local_step,
                      local_step / (self.last_progress - self.started)),
                   flush=True)
 
@@ -51,7 +51,7 @@ class TrainingLog:
         accuracy."""
         seconds = time.time() - self.started
         print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
-              'steps_per_sec=%.1f' % (self.me, self.local_step, global_step,
+              'steps_per_sec=%.1f' % (self.index, self.local_step, global_step,
                                       seconds, self.local_step / seconds),
               flush=True)
         if self.writing:
