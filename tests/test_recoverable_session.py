@@ -272,9 +272,11 @@ def test_broken_connections_cost_no_worker(procs, free_ports, small_data):
 # worker do so.
 @pytest.mark.slow
 def test_lost_ps_ends_every_worker(procs, free_ports, small_data):
+    # Runs that cannot end before their ps is killed, however long the
+    # third cluster takes to start.
     runs = {(script, its_port): procs.cluster(
         script, free_ports, '--data_dir=' + small_data, '--ps_timeout=5',
-        *LONG_RUN, name=script + its_port)
+        *LONG_RUN, '--epochs=30000', name=script + its_port)
         for script, its_port in (('async', 'closed'), ('sync', 'closed'),
                                  ('sync', 'answering'))}
     for ps, workers in runs.values():

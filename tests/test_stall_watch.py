@@ -169,13 +169,9 @@ def test_calls_that_block_past_call_secs_are_given_up_on(die):
 @pytest.mark.slow  # not in the fast tier
 def test_a_stalled_run_ends_every_worker_naming_why(procs, free_ports,
                                                     small_data):
-    # A run that cannot end before its ps is frozen: the third cluster may
-    # take most of a minute to start on a busy machine, as long as
-    # LONG_RUN's 300 epochs of async steps.
     frozen = {script: procs.cluster(script, free_ports,
                                     '--data_dir=' + small_data,
                                     '--stall_timeout=10', *LONG_RUN,
-                                    '--epochs=30000',
                                     name=script + '-frozen-')
               for script in SCRIPTS}
     ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
