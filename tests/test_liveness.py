@@ -28,6 +28,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
+from ps_counters import beat, beating, done, on_ps  # noqa: E402
 from small_model import cluster_of  # noqa: E402
 
 tf.disable_v2_behavior()
@@ -45,32 +46,9 @@ def start_ps(cluster, index):
                           sources.Place(cluster, 'ps', index))
 
 
-def on_ps(cluster, index, fetches):
-    """fetches(beats, departures, farewell, reasons), of ps `index`'s
-    counters, run in a session of its own."""
-    with tf.Graph().as_default():
-        counters = [c for [c] in liveness.counters(
-            cluster.num_tasks('worker'), [index])]
-        with tf.Session('grpc://' + cluster.task_address('ps', index),
-                        config=tf.ConfigProto(device_filters=[
-                            '/job:ps/task:%d' % index])) as sess:
-            return sess.run(fetches(*counters))
-
-
 def beats_and_reasons(cluster, index):
     return on_ps(cluster, index, lambda beats, _, __, reasons: [
         beats, reasons])
-
-
-def beat(cluster, index):
-    on_ps(cluster, 0, lambda beats, *_: tf.scatter_add(
-        beats, [index], tf.constant([1], tf.int64)))
-
-
-def done(cluster, index):
-    """Worker `index` ends, as its Watchdog's mark_done() marks it."""
-    on_ps(cluster, 0, lambda beats, *_: tf.scatter_update(
-        beats, [index], tf.constant([liveness.DONE], tf.int64)))
 
 
 def test_the_counters_lie_on_each_ps_asked_for():
@@ -274,20 +252,9 @@ def test_silent_workers_names_the_others_whose_counters_stand(free_ports):
     cluster = cluster_of(free_ports, 1, 4)
     start_ps(cluster, 0)
     done(cluster, 2)
-    stop = threading.Event()
-
-    def worker_3():
-        while not stop.is_set():
-            beat(cluster, 3)
-            time.sleep(0.1)
-
-    beating = threading.Thread(target=worker_3, daemon=True)
-    beating.start()
-    with watchdog(cluster, 0, print) as dog:
+    with beating(cluster, 3), watchdog(cluster, 0, print) as dog:
         assert dog.silent_workers() == [
             '/job:worker/task:1 (%s)' % cluster.task_address('worker', 1)]
-    stop.set()
-    beating.join()
 
 
 # Each script, and each of 1 and 2 ps tasks: the other two pairs run with 3

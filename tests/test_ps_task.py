@@ -17,6 +17,8 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
+from ps_counters import beat, beating, done, on_ps  # noqa: E402
+from small_model import cluster_of  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -25,46 +27,22 @@ TOLD = 'the ps was told to stop'
 
 @pytest.fixture
 def cluster(free_ports):
-    """A ps, a server of this process, and two workers, which need no server
-    of their own: the tests act for them in sessions on the ps."""
-    ps, *workers = ['localhost:%d' % port for port in free_ports(3)]
-    spec = tf.train.ClusterSpec({'ps': [ps], 'worker': workers})
-    return spec, tf.train.Server(spec, job_name='ps', task_index=0,
-                                 config=server.session_config('ps', 0, 1.0))
+    """A ps and two workers: the ps is a server of this process; the tests
+    act for the workers, which need no server, in sessions on the ps."""
+    return cluster_of(free_ports, 1, 2)
 
 
 @pytest.fixture
 def ps(cluster):
-    spec, ps_server = cluster
-    return ps_task.PsTask(ps_server, sources.Place(spec, 'ps', 0))
-
-
-def on_ps(cluster, fetches):
-    """fetches(beats, departures, farewell, reasons), of ps 0's counters, run
-    in a session of its own, as a worker's would."""
-    spec, ps_server = cluster
-    with tf.Graph().as_default():
-        counters = [c for [c] in liveness.counters(
-            spec.num_tasks('worker'), [0])]
-        with tf.Session(ps_server.target, config=tf.ConfigProto(
-                device_filters=['/job:ps/task:0'])) as sess:
-            return sess.run(fetches(*counters))
+    return ps_task.PsTask(
+        tf.train.Server(cluster, job_name='ps', task_index=0,
+                        config=server.session_config('ps', 0, 1.0)),
+        sources.Place(cluster, 'ps', 0))
 
 
 def read(cluster):
     """Ps 0's counters: beats, departures, farewell, reasons."""
-    return on_ps(cluster, lambda *counters: counters)
-
-
-def beat(cluster, index):
-    on_ps(cluster, lambda beats, *_: tf.scatter_add(
-        beats, [index], tf.constant([1], tf.int64)))
-
-
-def done(cluster, index):
-    """Worker `index` ends, as its Watchdog's mark_done() marks it."""
-    on_ps(cluster, lambda beats, *_: tf.scatter_update(
-        beats, [index], tf.constant([liveness.DONE], tf.int64)))
+    return on_ps(cluster, 0, lambda *counters: counters)
 
 
 def test_the_ps_sets_up_its_counters_on_its_own_server(cluster, ps):
@@ -76,7 +54,7 @@ def test_the_ps_sets_up_its_counters_on_its_own_server(cluster, ps):
 def test_the_ps_returns_the_workers_that_left_and_why_once_all_ended(
         cluster, ps):
     done(cluster, 0)
-    liveness.say_left(cluster[0], 1, 'bad data')
+    liveness.say_left(cluster, 1, 'bad data')
     assert ps.serve_until_workers_gone(5, 5) == [(1, 'bad data')]
     # Ps 0 counted the departure, for the other workers to read.
     beats, departures, farewell, reasons = read(cluster)
@@ -126,26 +104,16 @@ def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(
     assert time.time() - started >= 0.5 + 0.5
     assert failed.value.message == (
         '/job:worker/task:1 (%s) did not come up within 0.5 s'
-        % cluster[0].task_address('worker', 1))
+        % cluster.task_address('worker', 1))
 
 
 def test_the_farewell_waits_for_a_beating_worker_no_longer_than_secs(
         cluster, ps):
-    stop = threading.Event()
-
-    def worker():
-        while not stop.is_set():
-            beat(cluster, 1)
-            time.sleep(0.1)
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    started = time.time()
-    ps.tell_workers(TOLD, 2)
-    # Worker 1 never ends: the ps waits until 1 s before its time is up.
-    assert 1 <= time.time() - started < 2
-    stop.set()
-    thread.join()
+    with beating(cluster, 1):
+        started = time.time()
+        ps.tell_workers(TOLD, 2)
+        # Worker 1 never ends: the ps waits until 1 s before its time is up.
+        assert 1 <= time.time() - started < 2
     beats, departures, farewell, reasons = read(cluster)
     assert farewell == TOLD.encode()
 
