@@ -1,5 +1,6 @@
 """What the scripts call in cluster_utils.py, as a user meets it: usage
-errors, data errors, a port in use, --shard_data."""
+errors (in this process, and two in runs of their own), data errors, a port
+in use, --shard_data."""
 
 import os
 import re
@@ -10,6 +11,10 @@ import sys
 import pytest
 
 from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
+
+import cluster_utils
+# The async script's own flags, defined as its run defines them.
+import mnist_dist_async  # noqa: F401
 
 
 @pytest.mark.slow
@@ -46,14 +51,34 @@ USAGE_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize('args, words', USAGE_ERRORS)
+def test_usage_errors(args, words, monkeypatch, capsys):
+    # In this process: the script's parse of its flags, then of its cluster.
+    for name in ('TF_CONFIG', 'SLURM_STEP_ID'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, 'argv', ['mnist_dist_async.py'] + args)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cluster_utils.parse_flags(sys.argv)
+            cluster_utils.cluster_hosts()
+    finally:
+        cluster_utils.FLAGS.unparse_flags()
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith('mnist_dist_async.py: error: ')
+    for word in words:
+        assert word in line
+
+
 @pytest.mark.slow
-def test_usage_errors(procs):
-    # A process for each, all at once.
+def test_usage_errors_as_a_run_meets_them(procs):
+    # A flag's and the cluster's, each in a process of its own: one line,
+    # exit status 2, nothing left running.
     bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + args,
                        'bad%d' % n)
-           for n, (args, _) in enumerate(USAGE_ERRORS)]
+           for n, (args, _) in enumerate(USAGE_ERRORS[3:5])]
     procs.wait_all(bad, 60)
-    for proc, (args, words) in zip(bad, USAGE_ERRORS):
+    for proc, (args, words) in zip(bad, USAGE_ERRORS[3:5]):
         assert_one_error_line(procs, proc, 2, *words)
 
 
