@@ -12,9 +12,7 @@ import pytest
 
 from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
 
-import cluster_utils
-# The async script's own flags, defined as its run defines them.
-import mnist_dist_async  # noqa: F401
+from script_flags import usage_error
 
 
 @pytest.mark.slow
@@ -53,19 +51,7 @@ USAGE_ERRORS = [
 
 @pytest.mark.parametrize('args, words', USAGE_ERRORS)
 def test_usage_errors(args, words, monkeypatch, capsys):
-    # In this process: the script's parse of its flags, then of its cluster.
-    for name in ('TF_CONFIG', 'SLURM_STEP_ID'):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(sys, 'argv', ['mnist_dist_async.py'] + args)
-    try:
-        with pytest.raises(SystemExit) as exited:
-            cluster_utils.parse_flags(sys.argv)
-            cluster_utils.cluster_hosts()
-    finally:
-        cluster_utils.FLAGS.unparse_flags()
-    assert exited.value.code == 2
-    [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith('mnist_dist_async.py: error: ')
+    line = usage_error(args, {}, monkeypatch, capsys)
     for word in words:
         assert word in line
 

@@ -11,8 +11,9 @@ import pytest
 
 from ps_cluster import sources
 
-from conftest import (assert_clean_exit, assert_one_error_line,
-                      evaluations, final_accuracies, run_accuracy)
+from conftest import (assert_clean_exit, evaluations, final_accuracies,
+                      run_accuracy)
+from script_flags import usage_error
 
 
 @pytest.mark.parametrize('value, hosts', [
@@ -172,12 +173,8 @@ SOURCE_ERRORS = [
 ]
 
 
-@pytest.mark.slow
-def test_cluster_source_errors(procs):
-    # A process for each, all at once.
-    bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + flags,
-                       'bad%d' % n, env=env)
-           for n, (env, flags, _) in enumerate(SOURCE_ERRORS)]
-    procs.wait_all(bad, 60)
-    for proc, (_, _, words) in zip(bad, SOURCE_ERRORS):
-        assert_one_error_line(procs, proc, 2, *words)
+@pytest.mark.parametrize('env, args, words', SOURCE_ERRORS)
+def test_cluster_source_errors(env, args, words, monkeypatch, capsys):
+    line = usage_error(args, env, monkeypatch, capsys)
+    for word in words:
+        assert word in line
