@@ -19,7 +19,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
         [sys.executable, '-m', 'bench.bench', '--data_dir=' + small_data,
          '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
          '--workers=1', '--repeats=1', '--baseline_steps=200',
-         '--target_accuracy=0.5', '--tf2_steps_per_function=1,5',
+         '--target_accuracy=0.5', '--tf2_steps_per_function=5',
          '--async_steps_per_run=5',
          '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -37,7 +37,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
         assert 0 <= run['seconds_last_step_to_all_gone'] < 30
         assert run['accuracy'] > 0.5
     assert sorted(figures['tf2']) == [
-        'TF 2.x PS strategy, 1 workers, %d steps/function' % k for k in (1, 5)]
+        'TF 2.x PS strategy, 1 workers, 5 steps/function']
     for run in figures['tf2'].values():
         assert run['steps_per_sec'] > 0
         assert run['accuracy'] > 0.5
@@ -66,12 +66,12 @@ def test_bench_scale_reports_every_figure(small_data, tmp_path):
     out = tmp_path / 'bench_scale.json'
     result = subprocess.run(
         [sys.executable, '-m', 'bench.bench_scale', '--data_dir=' + small_data,
-         '--validation_size=100', '--workers=2,3', '--seconds=2',
+         '--validation_size=100', '--workers=3', '--seconds=2',
          '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
-    assert sorted(figures) == ['2', '3']
+    assert sorted(figures) == ['3']
     for run in figures.values():
         assert run['new_tcp_connections_per_sec'] >= 0
         assert run['heartbeats_per_worker_per_sec'] > 0
