@@ -126,8 +126,8 @@ def test_worker_that_never_came_ends_every_task(procs, free_ports,
                                                 small_data):
     ports = free_ports(4)
     # 20 ms a step: the two workers' run outlasts the ps's wait for the third.
-    flags = ['--data_dir=' + small_data, '--startup_timeout=10',
-             '--step_delay_ms=20'] + LONG_RUN
+    flags = ['--data_dir=' + small_data, '--startup_timeout=10'] + LONG_RUN + [
+        '--step_delay_ms=20']
     tasks = [procs.script('sync', 'ps', 0, ports[:1], ports[1:], *flags)] + [
         procs.script('sync', 'worker', i, ports[:1], ports[1:], *flags)
         for i in (0, 1)]

@@ -232,10 +232,11 @@ def test_a_pause_or_broken_connections_cost_no_worker_its_run(
         epochs = r'^worker=0,epoch='
         procs.wait_for_output(workers[0], epochs, 60, count=len(re.findall(
             epochs, procs.output(workers[0]), re.M)) + 1)
-        killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % ps_port(ps)],
+        port = ps_port(ps)
+        killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % port],
                                 check=True, capture_output=True, text=True,
                                 timeout=10).stdout
-        assert ':%d ' % ps_port(ps) in killed  # one socket at least
+        assert ':%d ' % port in killed  # one socket at least
     everything = list(runs.values()) + [silent]
     procs.wait_all([p for ps, workers in everything for p in workers + [ps]],
                    300)

@@ -131,8 +131,8 @@ def test_the_chiefs_updates_apply_each_gradient_and_hand_out_tokens(chief):
 def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
     ports = free_ports(4)
     # Slow enough that the others still train when it is back.
-    flags = ['--data_dir=' + small_data, '--step_delay_ms=20',
-             '--epochs=60'] + LONG_RUN[1:]
+    flags = ['--data_dir=' + small_data] + LONG_RUN[1:] + [
+        '--step_delay_ms=20', '--epochs=60']
     ps, workers = procs.cluster('sync', lambda n: ports, *flags)
     procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
     os.kill(workers[2].pid, signal.SIGKILL)
