@@ -29,6 +29,10 @@ def test_port_in_use(procs, free_ports, small_data):
 CLUSTER = ['--ps=localhost:9001', '--worker=localhost:9002,localhost:9003']
 
 
+# A mistake of the cluster's and one of a flag's: the runs below meet them.
+TOO_FEW_WORKERS = (['--job_name=worker', '--task_index=2'] + CLUSTER,
+                   ['--task_index=2', 'only 2 worker task(s)'])
+NO_SUCH_JOB = (['--job_name=chief'] + CLUSTER, ['--job_name'])
 USAGE_ERRORS = [
     (['--job_name=worker', '--ps=localhost', '--worker=localhost:9002'],
      ['--ps', "'localhost' is not host:port"]),
@@ -37,9 +41,8 @@ USAGE_ERRORS = [
     (['--job_name=worker', '--ps=localhost:9001',
       '--worker=localhost:9002,localhost:9001'],
      ['localhost:9001 is given to two tasks']),
-    (['--job_name=worker', '--task_index=2'] + CLUSTER,
-     ['--task_index=2', 'only 2 worker task(s)']),
-    (['--job_name=chief'] + CLUSTER, ['--job_name']),
+    TOO_FEW_WORKERS,
+    NO_SUCH_JOB,
     ([] + CLUSTER, ['--job_name']),
     (['--job_name=worker', '--batch_size=0'] + CLUSTER, ['batch_size']),
     (['--job_name=worker', '--epochs=-1'] + CLUSTER, ['epochs']),
@@ -58,13 +61,13 @@ def test_usage_errors(args, words, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_usage_errors_as_a_run_meets_them(procs):
-    # A flag's and the cluster's, each in a process of its own: one line,
-    # exit status 2, nothing left running.
+    # Each in a process of its own: one line, exit status 2, nothing left
+    # running.
+    cases = [TOO_FEW_WORKERS, NO_SUCH_JOB]
     bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + args,
-                       'bad%d' % n)
-           for n, (args, _) in enumerate(USAGE_ERRORS[3:5])]
+                       'bad%d' % n) for n, (args, _) in enumerate(cases)]
     procs.wait_all(bad, 60)
-    for proc, (args, words) in zip(bad, USAGE_ERRORS[3:5]):
+    for proc, (args, words) in zip(bad, cases):
         assert_one_error_line(procs, proc, 2, *words)
 
 

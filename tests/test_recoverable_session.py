@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 
 import pytest
 
@@ -199,18 +200,17 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
 
 
 # A pause that ends, and connections that break, cost no run, side by side:
-# the ps stopped (SIGSTOP) for 20 s, async and sync, and once their chiefs
-# train again, the kernel closes the workers' connections to it, as a busy
-# network may (`ss -K`, root only, destroys the sockets: async steps are
-# short, and gRPC may connect again before one fails; sync workers wait on
-# the ps for tokens, and each recovers); and every worker of an async run
+# the ps stopped (SIGSTOP) for 20 s or more, async and sync, and once their
+# workers train again, the kernel closes the workers' connections to it, as
+# a busy network may (`ss -K`, root only, destroys the sockets: async steps
+# are short, and gRPC may connect again before one fails; sync workers wait
+# on the ps for tokens, and each recovers); and every worker of an async run
 # stopped, as behind a cut network, for longer than a notice of a worker
 # gone and than the 15 s after which a ps once left: its ps waits
 # (--worker_timeout).
 @pytest.mark.slow
 def test_a_pause_or_broken_connections_cost_no_worker_its_run(
         procs, free_ports, small_data):
-    can_break = os.geteuid() == 0 and shutil.which('ss')
     runs = {script: procs.cluster(script, free_ports,
                                   '--data_dir=' + small_data, *LONG_RUN,
                                   name=script + '-ps-paused-')
@@ -218,26 +218,33 @@ def test_a_pause_or_broken_connections_cost_no_worker_its_run(
     silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
                            *LONG_RUN[1:], '--epochs=60',
                            '--worker_timeout=60', name='workers-paused-')
+    # Each stopped mid-run, however long the others take to start.
     for ps, workers in runs.values():
         procs.wait_for_epoch(workers, 5)
+        os.kill(ps.pid, signal.SIGSTOP)
     procs.wait_for_epoch(silent[1], 2)
-    paused = [ps for ps, _ in runs.values()] + silent[1]
-    for proc in paused:
-        os.kill(proc.pid, signal.SIGSTOP)
+    for worker in silent[1]:
+        os.kill(worker.pid, signal.SIGSTOP)
     time.sleep(20)
-    assert silent[0].poll() is None
-    for proc in paused:
-        os.kill(proc.pid, signal.SIGCONT)
-    for ps, workers in runs.values() if can_break else ():
-        epochs = r'^worker=0,epoch='
-        procs.wait_for_output(workers[0], epochs, 60, count=len(re.findall(
-            epochs, procs.output(workers[0]), re.M)) + 1)
-        port = ps_port(ps)
-        killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % port],
-                                check=True, capture_output=True, text=True,
-                                timeout=10).stdout
-        assert ':%d ' % port in killed  # one socket at least
     everything = list(runs.values()) + [silent]
+    assert all(p.poll() is None for ps, workers in everything
+               for p in workers + [ps])
+    for proc in [ps for ps, _ in runs.values()] + silent[1]:
+        os.kill(proc.pid, signal.SIGCONT)
+    if os.geteuid() == 0 and shutil.which('ss'):
+        for ps, workers in runs.values():
+            for i, worker in enumerate(workers):
+                epoch = r'^worker=%d,epoch=' % i
+                procs.wait_for_output(worker, epoch, 60, count=len(re.findall(
+                    epoch, procs.output(worker), re.M)) + 1)
+            port = ps_port(ps)
+            killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % port],
+                                    check=True, capture_output=True,
+                                    text=True, timeout=10).stdout
+            assert ':%d ' % port in killed  # one socket at least
+    else:
+        warnings.warn(pytest.PytestWarning(
+            'no connection broken: ss -K needs root and iproute2'))
     procs.wait_all([p for ps, workers in everything for p in workers + [ps]],
                    300)
     for ps, workers in everything:
