@@ -22,6 +22,9 @@ from ps_cluster.logdir import Logdir
 from ps_cluster.ps_task import PsTask
 from ps_cluster.recoverable_session import RecoverableSession, Timeouts
 from ps_cluster.stall_watch import StallWatch
+# The scripts' own calls: copies of the steps that measure staleness.
+from ps_cluster.staleness import (  # noqa: F401
+    Staleness, global_step_copy, local_step_copy)
 from ps_cluster.sync_tokens import SyncTokens
 from ps_cluster.training_log import TrainingLog
 
@@ -345,12 +348,15 @@ def training_session(sv, worker_server, tokens=None):
 
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
-    """What this worker prints beyond the book's lines, and the chief's
-    TensorBoard summaries of accuracy_op on mnist's splits."""
+    """What this worker prints beyond the book's lines, its gradients'
+    staleness among them, and the chief's TensorBoard summaries of
+    accuracy_op on mnist's splits."""
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
+    # Only the sync script's accumulators drop stale gradients.
+    staleness = Staleness(drops_stale='replicas_to_aggregate' in FLAGS)
     return TrainingLog(sv, sess, global_step, _place.index, accuracy_on,
-                       mnist)
+                       mnist, staleness)
 
 
 def evaluate(model, loss_and_accuracy, mnist, last_step):

@@ -121,6 +121,11 @@ def main(_):
         # ASYNC: K steps a session.run, built below.
         if FLAGS.steps_per_run > 1:
             train_op, loss_op = several_steps(optimizer, x_p, y_p, global_step)
+        # ASYNC: the global step as this worker reads w and b, and once its
+        # update is applied: the others' updates between are its gradients'
+        # staleness.
+        step_read = cluster_utils.global_step_copy(global_step)
+        step_after = cluster_utils.global_step_copy(global_step, train_op)
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir
@@ -150,10 +155,11 @@ def main(_):
         for x_batch, y_batch in mnist_data.epoch_batches(
                 mnist.train, images_per_run, rng):
             feed_dict = {x_p: x_batch, y_p: y_batch}
-            _, loss, gstep = sess.run(
-                [train_op, loss_op, global_step], feed_dict=feed_dict)
+            gstep, loss, gstep_read = sess.run(
+                [step_after, loss_op, step_read], feed_dict=feed_dict)
             lstep += FLAGS.steps_per_run
-            log.step(gstep, lstep, loss)
+            log.step(gstep, lstep, loss,
+                     gstep - gstep_read - FLAGS.steps_per_run)
             time.sleep(FLAGS.step_delay_ms / 1000)
         if (epoch + 1) % FLAGS.print_every_epochs == 0:
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'

@@ -146,6 +146,10 @@ def main(_):
         with tf.device(global_step.device):
             with tf.control_dependencies([train_op]):
                 step_after = global_step.read_value()
+        # SYNC: the step this worker's gradients are computed for, and the
+        # global step as it reads w and b: behind it, they will be dropped.
+        step_computed = cluster_utils.local_step_copy()
+        step_read = cluster_utils.global_step_copy(global_step)
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir
@@ -184,10 +188,11 @@ def main(_):
         for x_batch, y_batch in mnist_data.epoch_batches(
                 mnist.train, images_per_run, rng):
             feed_dict = {x_p: x_batch, y_p: y_batch}
-            gstep, loss = sess.run(
-                [step_after, loss_op], feed_dict=feed_dict)
+            gstep, loss, computed, gstep_read = sess.run(
+                [step_after, loss_op, step_computed, step_read],
+                feed_dict=feed_dict)
             lstep += 1
-            log.step(gstep, lstep, loss)
+            log.step(gstep, lstep, loss, gstep_read - computed)
             time.sleep(FLAGS.step_delay_ms / 1000)
             if gstep >= last_step:
                 break

@@ -1,6 +1,6 @@
 """What a worker reports beyond the book's lines: where it starts, its pace
-every few seconds and its totals at the end; and, with a --logdir, the
-chief's summaries for TensorBoard."""
+every few seconds, its totals and its gradients' staleness at the end; and,
+with a --logdir, the chief's summaries for TensorBoard."""
 
 import time
 
@@ -9,23 +9,27 @@ import tensorflow.compat.v1 as tf
 
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
-    the summaries go to the Supervisor's writer, the chief's."""
+    staleness counts this worker's gradients (ps_cluster/staleness.py); the
+    summaries go to the Supervisor's writer, the chief's."""
 
     SUMMARY_EVERY_STEPS = 50
     PROGRESS_EVERY_SECS = 10
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
-                 mnist):
+                 mnist, staleness):
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
+        self.staleness = staleness
         self.writing = sv.summary_writer is not None
         self.started = self.last_progress = time.time()
         self.local_step = 0
         print('worker=%d, starting at global_step=%d'
               % (task_index, global_step), flush=True)
 
-    def step(self, global_step, local_step, loss):
-        """After each session.run, however many steps it made."""
+    def step(self, global_step, local_step, loss, staleness):
+        """After each session.run, however many steps it made, and the
+        staleness of its gradients."""
+        self.staleness.add(staleness, local_step - self.local_step)
         every = self.SUMMARY_EVERY_STEPS
         if self.writing and local_step // every > self.local_step // every:
             self._summary(global_step, loss=loss)
@@ -47,19 +51,23 @@ class TrainingLog:
                 test_accuracy=self.accuracy_on(self.mnist.test))
 
     def final(self, global_step, accuracy):
-        """How long and fast this worker trained, after its final test
-        accuracy."""
+        """How long and fast this worker trained, and how stale its
+        gradients were, after its final test accuracy."""
         seconds = time.time() - self.started
         print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
               'steps_per_sec=%.1f' % (self.index, self.local_step, global_step,
                                       seconds, self.local_step / seconds),
               flush=True)
+        print(self.staleness.line(self.index), flush=True)
         if self.writing:
-            self._summary(global_step, test_accuracy=accuracy)
+            self._summary(global_step, test_accuracy=accuracy,
+                          staleness=self.staleness.histogram())
 
     def _summary(self, global_step, **values):
         try:
             self.sv.summary_computed(self.sess, tf.Summary(value=[
+                tf.Summary.Value(tag=tag, histo=value)
+                if isinstance(value, tf.HistogramProto) else
                 tf.Summary.Value(tag=tag, simple_value=value)
                 for tag, value in values.items()]), global_step=global_step)
         except RuntimeError:  # its writer's thread failed, and said so

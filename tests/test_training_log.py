@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 import mnist_data
+from ps_cluster.staleness import Staleness
 from ps_cluster.training_log import TrainingLog
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -49,10 +50,29 @@ def chief(logdir=None):
         sv.stop()
 
 
+def training_log(sv, sess, global_step, task_index, accuracy=accuracy_on):
+    """The log as cluster_utils.training_log() makes it, for async."""
+    return TrainingLog(sv, sess, global_step, task_index, accuracy, MNIST,
+                       Staleness(drops_stale=False))
+
+
 def scalars(logdir):
     """[(global step, tag, value)] of the scalars in logdir's event files,
     in the order written."""
     return [(event.step, value.tag, value.simple_value)
+            for event, value in summary_values(logdir)
+            if value.HasField('simple_value')]
+
+
+def histograms(logdir):
+    """[(global step, tag, HistogramProto)] in logdir's event files."""
+    return [(event.step, value.tag, value.histo)
+            for event, value in summary_values(logdir)
+            if value.HasField('histo')]
+
+
+def summary_values(logdir):
+    return [(event, value)
             for path in sorted(glob.glob(os.path.join(logdir, 'events.*')))
             for event in tf.train.summary_iterator(path)
             for value in event.summary.value]
@@ -60,63 +80,72 @@ def scalars(logdir):
 
 def test_it_says_where_it_starts(capsys):
     with chief() as (sv, sess):
-        TrainingLog(sv, sess, 40, 2, accuracy_on, MNIST)
+        training_log(sv, sess, 40, 2)
     assert capsys.readouterr().out == 'worker=2, starting at global_step=40\n'
 
 
 def test_progress_every_few_seconds(capsys, monkeypatch):
     monkeypatch.setattr(TrainingLog, 'PROGRESS_EVERY_SECS', 0.2)
     with chief() as (sv, sess):
-        log = TrainingLog(sv, sess, 0, 1, accuracy_on, MNIST)
+        log = training_log(sv, sess, 0, 1)
         capsys.readouterr()
-        log.step(3, 1, 2.0)
+        log.step(3, 1, 2.0, 0)
         assert capsys.readouterr().out == ''  # too soon
         deadline = time.time() + 10
         local_step, out = 1, ''
         while not out and time.time() < deadline:
             time.sleep(0.02)
             local_step += 1
-            log.step(local_step + 2, local_step, 2.0)
+            log.step(local_step + 2, local_step, 2.0, 0)
             out = capsys.readouterr().out
         assert re.fullmatch(r'worker=1, global_step=%d, local_step=%d, '
                             r'\d+ steps/s\n' % (local_step + 2, local_step),
                             out)
         # The next one, PROGRESS_EVERY_SECS later.
-        log.step(local_step + 3, local_step + 1, 2.0)
+        log.step(local_step + 3, local_step + 1, 2.0, 0)
         assert capsys.readouterr().out == ''
 
 
 def test_loss_every_summary_steps_of_its_own(tmp_path):
     with chief(str(tmp_path)) as (sv, sess):
-        log = TrainingLog(sv, sess, 100, 0, accuracy_on, MNIST)
+        log = training_log(sv, sess, 100, 0)
         # (global step, local step, loss): a loss each time the local step
         # passes a multiple of 50, at the global step; once for a
         # session.run that passes two (150 and 200).
         for global_step, local_step, loss in [
                 (130, 30, 4.0), (149, 49, 3.0), (150, 50, 2.5), (199, 99, 2.0),
                 (230, 130, 1.5), (340, 240, 1.25)]:
-            log.step(global_step, local_step, loss)
+            log.step(global_step, local_step, loss, 0)
     assert scalars(str(tmp_path)) == [
         (150, 'loss', 2.5), (230, 'loss', 1.5), (340, 'loss', 1.25)]
 
 
 def test_accuracies_writes_validation_and_test_accuracy(tmp_path):
     with chief(str(tmp_path)) as (sv, sess):
-        TrainingLog(sv, sess, 0, 0, accuracy_on, MNIST).accuracies(120)
+        training_log(sv, sess, 0, 0).accuracies(120)
     assert sorted(scalars(str(tmp_path))) == [
         (120, 'test_accuracy', 0.5), (120, 'validation_accuracy', 0.25)]
 
 
-def test_final_says_the_totals_and_writes_test_accuracy(tmp_path, capsys):
+def test_final_says_the_totals_and_staleness_and_writes_them(tmp_path,
+                                                              capsys):
     with chief(str(tmp_path)) as (sv, sess):
-        log = TrainingLog(sv, sess, 100, 3, accuracy_on, MNIST)
-        log.step(160, 20, 1.0)
+        log = training_log(sv, sess, 100, 3)
+        # Three session.runs of 5, 5 and 10 steps, 0, 2 and 1 updates stale.
+        for local_step, staleness in [(5, 0), (10, 2), (20, 1)]:
+            log.step(100 + local_step, local_step, 1.0, staleness)
         capsys.readouterr()
         log.final(180, 0.875)
     assert re.fullmatch(r'worker=3, local_steps=20, global_step=180, '
-                        r'train_seconds=\d+\.\d, steps_per_sec=\d+\.\d\n',
+                        r'train_seconds=\d+\.\d, steps_per_sec=\d+\.\d\n'
+                        r'worker=3, gradients=20, applied=20, dropped=0, '
+                        r'staleness mean=1.00 \(0:1 1:1 2:1\)\n',
                         capsys.readouterr().out)
     assert scalars(str(tmp_path)) == [(180, 'test_accuracy', 0.875)]
+    histogram, = histograms(str(tmp_path))
+    assert histogram[:2] == (180, 'staleness')
+    assert list(histogram[2].bucket) == [1, 1, 1]
+    assert list(histogram[2].bucket_limit) == [0.5, 1.5, 2.5]
 
 
 def test_without_a_logdir_nothing_is_written(tmp_path, capsys, monkeypatch):
@@ -124,12 +153,13 @@ def test_without_a_logdir_nothing_is_written(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with chief() as (sv, sess):
         assert sv.summary_writer is None
-        log = TrainingLog(sv, sess, 0, 0, measured.append, MNIST)
-        log.step(50, 50, 1.0)
+        log = training_log(sv, sess, 0, 0, measured.append)
+        log.step(50, 50, 1.0, 0)
         log.accuracies(50)
         log.final(50, 0.5)
     # Not even measured; the lines are said all the same.
     assert measured == [] and os.listdir(tmp_path) == []
     assert re.fullmatch(r'worker=0, starting at global_step=0\nworker=0, '
-                        r'local_steps=50, global_step=50, .*\n',
+                        r'local_steps=50, global_step=50, .*\n'
+                        r'worker=0, gradients=50, .*\n',
                         capsys.readouterr().out)
