@@ -10,7 +10,9 @@ Importing it only defines flags: the scripts set TensorFlow up themselves.
 import os
 import sys
 import threading
+import time
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 from absl import flags
 
@@ -345,6 +347,18 @@ def training_session(sv, worker_server, tokens=None):
     # From now on a ps that does not answer is lost, not late: one try.
     _end.before_leaving(_telling())
     return sess
+
+
+def slow_gradients(ms):
+    """The gradient of the loss with respect to itself, 1, given once this
+    worker has waited ms milliseconds in its session.run: gradients that
+    start from it come that much later after the read of w and b, as a slow
+    worker's would. None for 0, which minimize() takes as 1 at once."""
+    if not ms:
+        return None
+    one = tf.numpy_function(lambda: time.sleep(ms / 1000) or np.float32(1),
+                            [], tf.float32, name='slow_gradients')
+    return tf.reshape(one, [])
 
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):

@@ -5,7 +5,8 @@
 # accuracy; exits 0 if every task did, 1 if any failed, 130 if interrupted.
 # Every process it started is gone when it returns, whichever way.
 # `compare` runs async, then sync, with the same flags and a --logdir each,
-# and compares them with launcher/compare.py.
+# and compares them with launcher/compare.py; `straggler` does the same with
+# the last worker slowed, and adds a sync run with a backup worker.
 #
 # By default the cluster runs in a private network namespace with only a
 # loopback device: TensorFlow's server has no authentication and listens on
@@ -13,7 +14,7 @@
 # the host's network instead.
 set -u
 
-usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-e] [-H] {async|sync|compare} [script flags...]"
+usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-s MS] [-e] [-H] {async|sync|compare|straggler} [script flags...]"
 
 usage() {
   echo "$usage_line" >&2
@@ -33,12 +34,16 @@ modes:
   sync      mnist_dist_sync.py: SyncReplicasOptimizer aggregates them
   compare   async, then sync, with the same flags and a --logdir each, then
             launcher/compare.py's table and chart of the two
+  straggler compare's runs with the last worker slowed (-s, 20 ms by
+            default), then sync with one backup worker
+            (--replicas_to_aggregate one below the workers), in one table
 
 options:
   -n NUM_WORKERS  worker tasks (default 3)
   -p NUM_PS       ps tasks (default 1)
   -b BASE_PORT    first port: the ps tasks', then the workers' (default 9001)
   -o RUN_DIR      one log per task here (default runs/MODE-DATE-TIME)
+  -s MS           the last worker sleeps MS ms after each step: a straggler
   -e              an evaluator beside the cluster: it measures each of the
                   chief's checkpoints (--logdir, by default RUN_DIR/logdir)
   -H              on the host's network, not a private network namespace
@@ -57,12 +62,14 @@ EOF
 
 args=("$@")
 num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0 evaluator=0
-while getopts 'n:p:b:o:eHh-:' opt; do
+slow_ms=''
+while getopts 'n:p:b:o:s:eHh-:' opt; do
   case $opt in
     n) num_workers=$OPTARG ;;
     p) num_ps=$OPTARG ;;
     b) base_port=$OPTARG ;;
     o) run_dir=$OPTARG ;;
+    s) slow_ms=$OPTARG ;;
     e) evaluator=1 ;;
     H) host_network=1 ;;
     h) print_help ;;
@@ -71,12 +78,17 @@ while getopts 'n:p:b:o:eHh-:' opt; do
   esac
 done
 shift $((OPTIND - 1))
-[[ $# -ge 1 && $1 =~ ^(async|sync|compare)$ ]] || usage
+[[ $# -ge 1 && $1 =~ ^(async|sync|compare|straggler)$ ]] || usage
 mode=$1
 shift
-for n in "$num_workers" "$num_ps" "$base_port"; do
+[[ $mode == straggler ]] && slow_ms=${slow_ms:-20}
+for n in "$num_workers" "$num_ps" "$base_port" ${slow_ms:+"$slow_ms"}; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "$0: error: '$n' is not a positive number" >&2; exit 2; }
 done
+if [[ $mode == straggler ]] && ((num_workers < 2)); then
+  echo "$0: error: a straggler and a backup worker need 2 workers or more" >&2
+  exit 2
+fi
 last_port=$((base_port + num_ps + num_workers - 1))
 ((last_port < 65536)) || { echo "$0: error: ports $base_port-$last_port do not exist" >&2; exit 2; }
 
@@ -111,16 +123,21 @@ host_list() {  # FIRST_PORT COUNT
 ps_hosts=$(host_list "$base_port" "$num_ps")
 worker_hosts=$(host_list $((base_port + num_ps)) "$num_workers")
 
-if [[ $mode == compare ]]; then
+if [[ $mode == compare || $mode == straggler ]]; then
   failed=0 child=''
   # Each run stops its own tasks on SIGTERM. In the background, where the
   # trap can act at once, not after the run; and it ignores SIGINT there.
   trap 'echo "$0: interrupted, stopping every task" >&2
         [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 130' INT TERM
-  for m in async sync; do
+  runs=(async sync)
+  [[ $mode == straggler ]] && runs+=(backup)
+  for run in "${runs[@]}"; do
+    m=${run/backup/sync} backup=()
+    [[ $run == backup ]] && backup=(--replicas_to_aggregate=$((num_workers - 1)))
     # Already in the namespace, or on the host network by choice: -H.
-    "$0" -H -n "$num_workers" -p "$num_ps" -b "$base_port" -o "$run_dir/$m" \
-      $( ((evaluator)) && printf '%s' -e) "$m" --logdir="$run_dir/$m/logdir" "$@" &
+    "$0" -H -n "$num_workers" -p "$num_ps" -b "$base_port" -o "$run_dir/$run" \
+      ${slow_ms:+-s "$slow_ms"} $( ((evaluator)) && printf '%s' -e) "$m" \
+      --logdir="$run_dir/$run/logdir" "$@" "${backup[@]}" &
     child=$!
     wait "$child"
     status=$?
@@ -159,9 +176,11 @@ if ((evaluator)); then
   # The evaluator follows the chief's checkpoints: they need a --logdir.
   [[ " $* " == *" --logdir="* ]] || set -- "$@" --logdir="$run_dir/logdir"
 fi
-echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts)$( ((evaluator)) && echo ', an evaluator'), logs in $run_dir"
+echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts)$( ((evaluator)) && echo ', an evaluator')$([[ -n $slow_ms ]] && echo ", worker $((num_workers - 1)) $slow_ms ms slower a step"), logs in $run_dir"
 for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; ps_pids+=($!); done
-for ((i = 0; i < num_workers; i++)); do start_task worker "$i" "$@"; worker_pids+=($!); done
+for ((i = 0; i < num_workers - 1; i++)); do start_task worker "$i" "$@"; worker_pids+=($!); done
+start_task worker $((num_workers - 1)) "$@" ${slow_ms:+--step_delay_ms="$slow_ms"}
+worker_pids+=($!)
 if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
 failed=0

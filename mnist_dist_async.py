@@ -21,7 +21,6 @@ book's lines beside the ones that stand for them.
 """
 
 import os
-import time
 
 # TensorFlow's C++ logs pages at start-up, and on a machine without a GPU
 # an ERROR line (cuInit failed) that reads as ours: FATAL only.
@@ -43,8 +42,9 @@ flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
                      lower_bound=1)
 flags.DEFINE_integer('print_every_epochs', 10, 'Print the loss every this '
                      'many epochs.', lower_bound=1)
-flags.DEFINE_integer('step_delay_ms', 0, 'Sleep this long after each '
-                     'session.run: a straggler on purpose.', lower_bound=0)
+flags.DEFINE_integer('step_delay_ms', 0, 'A straggler on purpose: each '
+                     'session.run waits this long between reading w and b and '
+                     'computing the gradients.', lower_bound=0)
 # ASYNC: several steps a session.run, for the benchmark; 1 is the book's.
 flags.DEFINE_integer('steps_per_run', 1, 'Training steps per session.run, '
                      'each on its own batch.', lower_bound=1)
@@ -117,10 +117,14 @@ def main(_):
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
         loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
-        train_op = optimizer.minimize(loss_op, global_step=global_step)
+        # A straggler's gradients wait --step_delay_ms (None: the book's).
+        slow = cluster_utils.slow_gradients(FLAGS.step_delay_ms)
+        train_op = optimizer.minimize(loss_op, global_step=global_step,
+                                      grad_loss=slow)
         # ASYNC: K steps a session.run, built below.
         if FLAGS.steps_per_run > 1:
-            train_op, loss_op = several_steps(optimizer, x_p, y_p, global_step)
+            train_op, loss_op = several_steps(optimizer, x_p, y_p,
+                                              global_step, slow)
         # ASYNC: the global step as this worker reads w and b, and once its
         # update is applied: the others' updates between are its gradients'
         # staleness.
@@ -160,7 +164,6 @@ def main(_):
             lstep += FLAGS.steps_per_run
             log.step(gstep, lstep, loss,
                      gstep - gstep_read - FLAGS.steps_per_run)
-            time.sleep(FLAGS.step_delay_ms / 1000)
         if (epoch + 1) % FLAGS.print_every_epochs == 0:
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
                   % (FLAGS.task_index, epoch, gstep, lstep, loss), flush=True)
@@ -179,11 +182,12 @@ def main(_):
 
 
 # ASYNC: K steps in one session.run.
-def several_steps(optimizer, x_p, y_p, global_step):
+def several_steps(optimizer, x_p, y_p, global_step, slow):
     """The train_op and loss_op of --steps_per_run steps in one session.run:
     the batches of all of them fed at once, the steps made one after the
     other, each reading w and b on the ps once the step before has updated
-    them. It saves the dispatch and a round trip of all steps but one."""
+    them, their gradients starting from `slow`. It saves the dispatch and a
+    round trip of all steps but one."""
     w, b = tf.trainable_variables()
     train_op = None
     for k in range(FLAGS.steps_per_run):
@@ -195,7 +199,8 @@ def several_steps(optimizer, x_p, y_p, global_step):
         rows = slice(k * FLAGS.batch_size, (k + 1) * FLAGS.batch_size)
         loss_op, _ = loss_and_accuracy(tf.matmul(x_p[rows], w_now) + b_now,
                                        y_p[rows])
-        train_op = optimizer.minimize(loss_op, global_step=global_step)
+        train_op = optimizer.minimize(loss_op, global_step=global_step,
+                                      grad_loss=slow)
     return train_op, loss_op
 
 

@@ -24,7 +24,6 @@ book's lines beside the ones that stand for them.
 # SYNC: the workers train until the last global step, not for epochs.
 import itertools
 import os
-import time
 
 # TensorFlow's C++ logs pages at start-up, and on a machine without a GPU
 # an ERROR line (cuInit failed) that reads as ours: FATAL only.
@@ -46,8 +45,9 @@ flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
                      lower_bound=1)
 flags.DEFINE_integer('print_every_epochs', 10, 'Print the loss every this '
                      'many epochs.', lower_bound=1)
-flags.DEFINE_integer('step_delay_ms', 0, 'Sleep this long after each '
-                     'session.run: a straggler on purpose.', lower_bound=0)
+flags.DEFINE_integer('step_delay_ms', 0, 'A straggler on purpose: each '
+                     'session.run waits this long between reading w and b and '
+                     'computing the gradients.', lower_bound=0)
 # SYNC: fewer gradients an update than workers make backup workers.
 flags.DEFINE_integer('replicas_to_aggregate', None, 'Gradients per update '
                      '(default: all the workers).', lower_bound=1)
@@ -130,7 +130,10 @@ def main(_):
             optimizer,
             replicas_to_aggregate=FLAGS.replicas_to_aggregate or num_workers,
             total_num_replicas=num_workers)
-        train_op = optimizer.minimize(loss_op, global_step=global_step)
+        # A straggler's gradients wait --step_delay_ms (None: the book's).
+        slow = cluster_utils.slow_gradients(FLAGS.step_delay_ms)
+        train_op = optimizer.minimize(loss_op, global_step=global_step,
+                                      grad_loss=slow)
         if is_chief:
             local_init_op = optimizer.chief_init_op
         else:
@@ -147,9 +150,10 @@ def main(_):
             with tf.control_dependencies([train_op]):
                 step_after = global_step.read_value()
         # SYNC: the step this worker's gradients are computed for, and the
-        # global step as it reads w and b: behind it, they will be dropped.
+        # global step as their computing starts: behind it, they will be
+        # dropped.
         step_computed = cluster_utils.local_step_copy()
-        step_read = cluster_utils.global_step_copy(global_step)
+        step_read = cluster_utils.global_step_copy(global_step, slow)
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir
@@ -193,7 +197,6 @@ def main(_):
                 feed_dict=feed_dict)
             lstep += 1
             log.step(gstep, lstep, loss, gstep_read - computed)
-            time.sleep(FLAGS.step_delay_ms / 1000)
             if gstep >= last_step:
                 break
         if ((epoch + 1) % FLAGS.print_every_epochs == 0

@@ -1,64 +1,97 @@
-"""Compares an asynchronous with a synchronous run: one table, one chart.
+"""Compares the runs of `launch_local.sh compare` or `straggler`: one table,
+one chart.
 
-    python launcher/compare.py RUN_DIR
+    python launcher/compare.py RUN_DIR [--target_accuracy=A]
 
-reads RUN_DIR/async and RUN_DIR/sync as `launch_local.sh compare` leaves them
-(the workers' logs, and the chief's TensorBoard events in MODE/logdir),
-prints a side-by-side table of final accuracy, global steps, training seconds
-and steps per second, per worker and overall, and writes
-RUN_DIR/comparison.png: loss and accuracy against the global step and against
-wall time, for both modes.
+reads the runs in RUN_DIR/async, RUN_DIR/sync and RUN_DIR/backup (sync with
+a backup worker), those there, as the launcher leaves them (the workers'
+logs, and the chief's TensorBoard events in RUN/logdir); prints a table of
+each worker's final accuracy, global steps, training seconds, steps per
+second, mean staleness and dropped gradients, with a row for each run as a
+whole and the seconds its chief took to first measure the target accuracy;
+and writes RUN_DIR/comparison.png: loss and accuracy against the global
+step and against wall time, for every run.
 """
 
+import collections
 import glob
 import os
 import re
 import sys
 
-from absl import app
+from absl import app, flags
 
-MODES = ('async', 'sync')
+RUNS = ('async', 'sync', 'backup')
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
                     re.M)
+STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=\d+, '
+                       r'dropped=(\d+), staleness mean=([0-9.]+) ', re.M)
+
+flags.DEFINE_float('target_accuracy', None, 'The accuracy whose time to '
+                   'reach the table gives (default: the lowest of the runs\' '
+                   'final ones, as the chiefs measured them).')
+
+Worker = collections.namedtuple('Worker', [
+    'accuracy', 'global_step', 'seconds', 'steps_per_sec', 'gradients',
+    'staleness', 'dropped'])
 
 
-def read_workers(mode_dir):
-    """{worker: (accuracy, global_step, train_seconds, steps_per_sec)}"""
+def read_workers(run_dir):
+    """{worker: Worker} of the workers that finished in run_dir."""
     workers = {}
-    for path in sorted(glob.glob(os.path.join(mode_dir, 'worker*.log'))):
+    for path in sorted(glob.glob(os.path.join(run_dir, 'worker*.log'))):
         with open(path) as f:
             log = f.read()
-        for (w, accuracy), (_, _, step, seconds, speed) in zip(
-                ACCURACY.findall(log), TIMING.findall(log)):
-            workers[int(w)] = (float(accuracy), int(step), float(seconds),
-                               float(speed))
+        for (w, accuracy), (_, _, step, seconds, speed), stale in zip(
+                ACCURACY.findall(log), TIMING.findall(log),
+                STALENESS.findall(log) or [(None, 0, None, None)]):
+            workers[int(w)] = Worker(
+                float(accuracy), int(step), float(seconds), float(speed),
+                int(stale[1]), stale[3] and float(stale[3]),
+                stale[2] and int(stale[2]))
     return workers
 
 
 def overall(workers):
-    """Mean accuracy, the last global step, the longest training time, and
-    the steps per second of all workers together."""
+    """The run as a whole: the mean accuracy, the last global step, the
+    longest training time, the steps per second of all workers together,
+    and the staleness of all their gradients."""
     rows = list(workers.values())
-    return (sum(r[0] for r in rows) / len(rows), max(r[1] for r in rows),
-            max(r[2] for r in rows), sum(r[3] for r in rows))
+    known = [r for r in rows if r.staleness is not None]
+    gradients = sum(r.gradients for r in known)
+    return Worker(
+        sum(r.accuracy for r in rows) / len(rows),
+        max(r.global_step for r in rows), max(r.seconds for r in rows),
+        sum(r.steps_per_sec for r in rows), gradients,
+        sum(r.staleness * r.gradients for r in known) / gradients
+        if gradients else None,
+        sum(r.dropped for r in known) if known else None)
 
 
-def table(runs):
-    head = ['worker'] + ['%s %s' % (mode, what) for mode in MODES for what in
-                         ('accuracy', 'global steps', 'seconds', 'steps/s')]
+def seconds_to(curve, target):
+    """The seconds since the start of the first point of curve, [(global
+    step, seconds, value)], to reach target; None if none did."""
+    return next((seconds for _, seconds, value in curve if value >= target),
+                None)
+
+
+def table(runs, curves, target):
+    head = ['run', 'worker', 'accuracy', 'global steps', 'seconds',
+            'steps/s', 'staleness', 'dropped', 'seconds to %.4f' % target]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    names = sorted(set().union(*(runs[m] for m in MODES)))
-    rows = [(str(w), [runs[m].get(w) for m in MODES]) for w in names]
-    rows.append(('all', [overall(runs[m]) if runs[m] else None
-                         for m in MODES]))
-    for name, cells in rows:
-        values = []
-        for cell in cells:
-            values += (['%.4f' % cell[0], '%d' % cell[1], '%.1f' % cell[2],
-                        '%.1f' % cell[3]] if cell else ['-'] * 4)
-        lines.append('| ' + ' | '.join([name] + values) + ' |')
+    for run, workers in runs.items():
+        rows = [(str(w), workers[w], None) for w in sorted(workers)]
+        to_target = seconds_to(curves[run].get('test_accuracy', []), target)
+        rows.append(('all', overall(workers), to_target))
+        for name, w, seconds in rows:
+            lines.append('| ' + ' | '.join([
+                run, name, '%.4f' % w.accuracy, '%d' % w.global_step,
+                '%.1f' % w.seconds, '%.1f' % w.steps_per_sec,
+                '-' if w.staleness is None else '%.2f' % w.staleness,
+                '-' if w.dropped is None else '%d' % w.dropped,
+                '-' if seconds is None else '%.1f' % seconds]) + ' |')
     return '\n'.join(lines)
 
 
@@ -73,8 +106,10 @@ def read_curves(logdir):
         for event in tf.train.summary_iterator(path):
             start = event.wall_time if start is None else start
             for value in event.summary.value:
-                curves.setdefault(value.tag, []).append(
-                    (event.step, event.wall_time - start, value.simple_value))
+                if value.HasField('simple_value'):
+                    curves.setdefault(value.tag, []).append(
+                        (event.step, event.wall_time - start,
+                         value.simple_value))
     return curves
 
 
@@ -83,40 +118,44 @@ def plot(curves, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for mode, color in zip(MODES, ('tab:blue', 'tab:orange')):
+    for run, color in zip(curves, ('tab:blue', 'tab:orange', 'tab:green')):
         for col in (0, 1):  # against the global step, then wall time
             for row, tags in enumerate(
                     (['loss'], ['validation_accuracy', 'test_accuracy'])):
                 for tag in tags:
-                    points = curves[mode].get(tag, [])
+                    points = curves[run].get(tag, [])
                     axes[row][col].plot(
                         [p[col] for p in points], [p[2] for p in points],
                         color=color, marker='o' if 'test' in tag else None,
                         linestyle='--' if 'validation' in tag else '-',
-                        label='%s %s' % (mode, tag))
+                        label='%s %s' % (run, tag))
     for col, xlabel in enumerate(('global step', 'seconds since start')):
         axes[1][col].set_xlabel(xlabel)
         for row, ylabel in enumerate(('loss', 'accuracy')):
             axes[row][col].set_ylabel(ylabel)
             axes[row][col].legend(fontsize='small')
             axes[row][col].grid(alpha=0.3)
-    fig.suptitle('asynchronous versus synchronous updates')
+    fig.suptitle(' versus '.join(curves))
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
 
 def main(argv):
     if len(argv) != 2:
-        sys.exit('usage: compare.py RUN_DIR')
+        sys.exit('usage: compare.py RUN_DIR [--target_accuracy=A]')
     run_dir = argv[1]
-    runs = {mode: read_workers(os.path.join(run_dir, mode)) for mode in MODES}
-    if not any(runs.values()):
+    runs = {run: read_workers(os.path.join(run_dir, run)) for run in RUNS}
+    runs = {run: workers for run, workers in runs.items() if workers}
+    if not runs:
         sys.exit('compare.py: error: no finished worker logs in %s/{%s}'
-                 % (run_dir, ','.join(MODES)))
-    print(table(runs))
+                 % (run_dir, ','.join(RUNS)))
+    curves = {run: read_curves(os.path.join(run_dir, run, 'logdir'))
+              for run in runs}
+    finals = [c['test_accuracy'][-1][2] for c in curves.values()
+              if c.get('test_accuracy')]
+    target = flags.FLAGS.target_accuracy or min(finals, default=1.0)
+    print(table(runs, curves, target))
     try:
-        curves = {mode: read_curves(os.path.join(run_dir, mode, 'logdir'))
-                  for mode in MODES}
         plot(curves, os.path.join(run_dir, 'comparison.png'))
     except ImportError as e:
         print('compare.py: no chart without matplotlib (%s): '

@@ -1,5 +1,6 @@
-"""launcher/compare.py, as `launch_local.sh compare` runs it: one table and
-one chart of an async and a sync run."""
+"""launcher/compare.py: its table in-process, and as `launch_local.sh
+straggler` runs it: one table and one chart of an async, a sync and a sync
+run with a backup worker, the last worker slowed in each."""
 
 import os
 import re
@@ -7,37 +8,74 @@ import sys
 
 import pytest
 
-from conftest import assert_clean_exit, final_accuracies, left_running
-from launcher.compare import TIMING
+from conftest import (assert_clean_exit, final_accuracies, left_running,
+                      staleness_of)
+from launcher.compare import TIMING, Worker, overall, seconds_to, table
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+
+def test_the_run_as_a_whole():
+    workers = {0: Worker(0.75, 90, 10.0, 30.0, 100, 1.0, 0),
+               1: Worker(0.85, 100, 12.0, 20.0, 300, 2.0, 4)}
+    # Staleness weighs each worker's by its gradients: (100 + 600) / 400.
+    assert overall(workers) == Worker(0.8, 100, 12.0, 50.0, 400, 1.75, 4)
 
 
-def test_compare_table_and_chart(procs, tmp_path, free_port_run, small_data):
+def test_logs_without_staleness_show_none():
+    workers = {0: Worker(0.75, 90, 10.0, 30.0, 0, None, None)}
+    lines = table({'async': workers}, {'async': {}}, 0.7).splitlines()
+    assert lines[0] == ('| run | worker | accuracy | global steps | seconds '
+                        '| steps/s | staleness | dropped | seconds to 0.7000 |')
+    assert lines[2:] == [
+        '| async | 0 | 0.7500 | 90 | 10.0 | 30.0 | - | - | - |',
+        '| async | all | 0.7500 | 90 | 10.0 | 30.0 | - | - | - |']
+
+
+def test_seconds_to_the_first_point_that_reaches_the_target():
+    curve = [(10, 1.5, 0.5), (20, 3.0, 0.81), (30, 4.5, 0.79), (40, 6.0, 0.9)]
+    assert seconds_to(curve, 0.8) == 3.0
+    assert seconds_to(curve, 0.9) == 6.0
+    assert seconds_to(curve, 0.95) is None
+
+
+@pytest.mark.slow
+def test_straggler_table_and_chart(procs, tmp_path, free_port_run,
+                                   small_data):
     import matplotlib.image
     run_dir = tmp_path / 'run'
     launcher = procs.start(
         ['env', 'PYTHON=' + sys.executable, './launch_local.sh', '-H', '-b',
-         str(free_port_run(4)), '-o', str(run_dir), 'compare',
+         str(free_port_run(4)), '-o', str(run_dir), 'straggler',
          '--data_dir=' + small_data, '--validation_size=100', '--epochs=6',
          '--print_every_epochs=2', '--learning_rate=0.5'], 'launcher')
-    procs.wait_all([launcher], 240)
+    procs.wait_all([launcher], 300)
     output = assert_clean_exit(procs, launcher, 0)
     assert left_running(launcher) == []
-    rows = re.findall(r'^\| (\d|all) \| (.*) \|$', output, re.M)
-    assert [name for name, _ in rows] == ['0', '1', '2', 'all']
-    table = {name: cells.split(' | ') for name, cells in rows}
+    assert re.search(r'^sync: .*, worker 2 20 ms slower a step, logs in ',
+                     output, re.M)
+    rows = re.findall(r'^\| (async|sync|backup) \| (\d|all) \| (.*) \|$',
+                      output, re.M)
+    assert [(run, w) for run, w, _ in rows] == [
+        (run, w) for run in ('async', 'sync', 'backup')
+        for w in ('0', '1', '2', 'all')]
+    table = {(run, w): cells.split(' | ') for run, w, cells in rows}
     for cells in table.values():
-        assert len(cells) == 8
-        assert float(cells[0]) > 0.9 and float(cells[4]) > 0.9  # accuracy
-    # A sync worker that starts late may find the run done: 0 steps/s.
-    assert float(table['all'][3]) > 0 and float(table['all'][7]) > 0
-    # The table says what each worker's log says.
-    for column, mode in ((0, 'async'), (4, 'sync')):
+        assert len(cells) == 7
+        assert float(cells[0]) > 0.9  # accuracy
+    for run in ('async', 'sync', 'backup'):
+        # The table says what each worker's log says.
         for w in range(3):
-            log = (run_dir / mode / ('worker%d.log' % w)).read_text()
-            assert table[str(w)][column] == '%.4f' % final_accuracies(log)[w]
-            assert table[str(w)][column + 1] == TIMING.findall(log)[0][2]
-        assert os.path.exists(run_dir / mode / 'logdir' / 'checkpoint')
+            log = (run_dir / run / ('worker%d.log' % w)).read_text()
+            cells = table[(run, str(w))]
+            assert cells[0] == '%.4f' % final_accuracies(log)[w]
+            assert cells[1] == TIMING.findall(log)[0][2]
+            gradients, _, dropped, mean, _ = staleness_of(log)
+            assert cells[4:6] == ['%.2f' % mean, '%d' % dropped]
+        assert os.path.exists(run_dir / run / 'logdir' / 'checkpoint')
+        # Each run reaches the lowest final accuracy, with its last
+        # measurement at the latest.
+        assert float(table[(run, 'all')][6]) > 0
+    # Async drops no gradient; sync with a backup worker the most.
+    assert int(table[('async', 'all')][5]) == 0
+    assert int(table[('backup', 'all')][5]) > int(table[('sync', 'all')][5])
     image = matplotlib.image.imread(str(run_dir / 'comparison.png'))
     assert image.shape[0] > 300 and image.shape[1] > 300

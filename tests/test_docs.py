@@ -12,12 +12,13 @@ DOCS = [os.path.join(REPO, 'README.md')] + sorted(
     glob.glob(os.path.join(REPO, 'docs', '*.md')))
 # What launch_local.sh prints besides the tasks' own lines.
 LAUNCHER_LINES = [
-    r'(async|sync): \d+ ps \(\S+\), \d+ workers \(\S+\)(, an evaluator)?, '
-    r'logs in \S+', r'---- (async|sync), \d+ workers, logs in \S+',
+    r'(async|sync): \d+ ps \(\S+\), \d+ workers \(\S+\)(, an evaluator)?'
+    r'(, worker \d+ \d+ ms slower a step)?, logs in \S+',
+    r'---- (async|sync), \d+ workers, logs in \S+',
     r'worker \d+: exit \d+, final accuracy = \S+']
 # The conversions of Python's %-formats in the lines our code prints.
 FORMATS = {'%d': r'-?\d+', '%s': r'.+', '%g': r'[\d.e+-]+',
-           '%.1f': r'[\d.]+', '%.0f': r'\d+'}
+           '%.1f': r'[\d.]+', '%.2f': r'[\d.]+', '%.0f': r'\d+'}
 
 
 def printed_lines():

@@ -95,14 +95,16 @@ def test_what_staleness_shows_on_real_clusters(procs, free_ports,
     slow = seen['async'][2][3]
     assert all(slow > fast[3] for fast in seen['async'][:2]), seen['async']
 
-    # Sync: a gradient of staleness 0 is applied, any other dropped; with
-    # one gradient an update to spare, the slow worker's are dropped most.
+    # Sync: a gradient of staleness 0 is applied, any other dropped. With
+    # one gradient an update to spare, the slow worker's are dropped most
+    # often; the fast ones lose some too, to the spare tokens that pile up
+    # in the queue, old by the time they take them.
     sync = seen['sync']
     for gradients, applied, dropped, mean, counts in sync:
         assert applied == counts.get(0, 0)
         assert applied + dropped == gradients == sum(counts.values())
-    assert sum(s[2] for s in sync) > 0
-    assert sync[2][2] > sync[0][2] + sync[1][2], sync
+    rates = [dropped / gradients for gradients, _, dropped, _, _ in sync]
+    assert rates[2] > 0.5 and rates[2] > max(rates[:2]), sync
     # 20 epochs of updates, 2 gradients each at least.
     assert sum(s[1] for s in sync) >= 200 * 2
     assert run_accuracy([procs.stdout(w) for w in clusters['sync'][1]],
