@@ -1,14 +1,16 @@
 """Compares the runs of `launch_local.sh compare` or `straggler`: one table,
 one chart.
 
-    python launcher/compare.py RUN_DIR [--target_accuracy=A]
+    python launcher/compare.py RUN_DIR [TARGET_ACCURACY]
 
 reads the runs in RUN_DIR/async, RUN_DIR/sync and RUN_DIR/backup (sync with
 a backup worker), those there, as the launcher leaves them (the workers'
 logs, and the chief's TensorBoard events in RUN/logdir); prints a table of
 each worker's final accuracy, global steps, training seconds, steps per
 second, mean staleness and dropped gradients, with a row for each run as a
-whole and the seconds its chief took to first measure the target accuracy;
+whole and the seconds its chief took to first measure TARGET_ACCURACY (by
+default the lowest of the runs' final accuracies, as their chiefs measured
+them);
 and writes RUN_DIR/comparison.png: loss and accuracy against the global
 step and against wall time, for every run.
 """
@@ -19,7 +21,7 @@ import os
 import re
 import sys
 
-from absl import app, flags
+from absl import app
 
 RUNS = ('async', 'sync', 'backup')
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
@@ -28,10 +30,6 @@ TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     re.M)
 STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=\d+, '
                        r'dropped=(\d+), staleness mean=([0-9.]+) ', re.M)
-
-flags.DEFINE_float('target_accuracy', None, 'The accuracy whose time to '
-                   'reach the table gives (default: the lowest of the runs\' '
-                   'final ones, as the chiefs measured them).')
 
 Worker = collections.namedtuple('Worker', [
     'accuracy', 'global_step', 'seconds', 'steps_per_sec', 'gradients',
@@ -141,8 +139,8 @@ def plot(curves, path):
 
 
 def main(argv):
-    if len(argv) != 2:
-        sys.exit('usage: compare.py RUN_DIR [--target_accuracy=A]')
+    if len(argv) not in (2, 3):
+        sys.exit('usage: compare.py RUN_DIR [TARGET_ACCURACY]')
     run_dir = argv[1]
     runs = {run: read_workers(os.path.join(run_dir, run)) for run in RUNS}
     runs = {run: workers for run, workers in runs.items() if workers}
@@ -153,7 +151,7 @@ def main(argv):
               for run in runs}
     finals = [c['test_accuracy'][-1][2] for c in curves.values()
               if c.get('test_accuracy')]
-    target = flags.FLAGS.target_accuracy or min(finals, default=1.0)
+    target = float(argv[2]) if len(argv) == 3 else min(finals, default=1.0)
     print(table(runs, curves, target))
     try:
         plot(curves, os.path.join(run_dir, 'comparison.png'))

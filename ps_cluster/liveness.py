@@ -24,11 +24,19 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors, probes
 from ps_cluster.exits import TaskFailed
 
-# The marks of a worker's beats that end it: done, or left on purpose.
-DONE, LEFT = -1, -2
+# The marks of a worker's beats that end it: done, or left on purpose. LEFT
+# lies far below: a beat already on its way when a failing worker marks its
+# slot adds one to the mark, which must still read LEFT.
+DONE, LEFT = -1, -2**40
 # A worker whose counter has not moved for this long is gone: ten missed
 # beats, so that a busy machine is not taken for a dead worker.
 GONE_SECS = 5
+
+
+def has_left(beats):
+    """Which of `beats` (numbers or a tensor) say their worker left on
+    purpose, a late beat or two after it did."""
+    return beats <= LEFT // 2
 
 
 def counters(num_workers, ps_tasks):
@@ -93,7 +101,7 @@ def _left_before_the_model(beats, global_step):
     `global_step` (the model's, named and placed as in the model's graph)
     is not initialized: it never will be."""
     with tf.device(beats.device):
-        left = tf.equal(beats[0], LEFT)
+        left = has_left(beats[0])
     with tf.device(global_step.device):
         step = tf.Variable(0, dtype=global_step.dtype.base_dtype,
                            name=global_step.op.name, trainable=False)

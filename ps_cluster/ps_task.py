@@ -65,14 +65,14 @@ class PsTask:
             heard[moved], gone[moved], last = now, False, values
             ended = values < 0
             silent = now - heard  # nan: never heard
-            newly_gone = ~gone & ((values == liveness.LEFT) |
+            newly_gone = ~gone & (liveness.has_left(values) |
                                   (~ended & (silent > liveness.GONE_SECS)))
             if newly_gone.any():
                 gone |= newly_gone
                 sess.run(self.depart,
                          {self.gone_now: np.flatnonzero(newly_gone)})
             if np.all(ended | (silent > worker_timeout)):
-                left = np.flatnonzero(values == liveness.LEFT)
+                left = np.flatnonzero(liveness.has_left(values))
                 return [(int(i), reason.decode()) for i, reason in
                         zip(left, sess.run(self.reasons)[left])]
             probes.fail_if_late('worker', workers,

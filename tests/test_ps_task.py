@@ -61,6 +61,15 @@ def test_the_ps_returns_the_workers_that_left_and_why_once_all_ended(
     assert departures.tolist() == [0, 1]
 
 
+def test_a_beat_after_left_leaves_the_worker_left(cluster, ps):
+    # A failing worker's Watchdog may beat once more after the worker told
+    # the ps it left, before the process ends.
+    done(cluster, 0)
+    liveness.say_left(cluster, 1, 'bad data')
+    beat(cluster, 1)
+    assert ps.serve_until_workers_gone(5, 5) == [(1, 'bad data')]
+
+
 def test_a_beating_worker_keeps_the_ps_serving_until_it_is_done(cluster,
                                                                 ps):
     done(cluster, 0)
