@@ -128,8 +128,7 @@ def main(_):
         # ASYNC: the global step as this worker reads w and b, and once its
         # update is applied: the others' updates between are its gradients'
         # staleness.
-        step_read = cluster_utils.global_step_copy(global_step)
-        step_after = cluster_utils.global_step_copy(global_step, train_op)
+        steps = cluster_utils.global_steps_around(global_step, train_op)
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir
@@ -159,8 +158,8 @@ def main(_):
         for x_batch, y_batch in mnist_data.epoch_batches(
                 mnist.train, images_per_run, rng):
             feed_dict = {x_p: x_batch, y_p: y_batch}
-            gstep, loss, gstep_read = sess.run(
-                [step_after, loss_op, step_read], feed_dict=feed_dict)
+            (gstep_read, gstep), loss = sess.run(
+                [steps, loss_op], feed_dict=feed_dict)
             lstep += FLAGS.steps_per_run
             log.step(gstep, lstep, loss,
                      gstep - gstep_read - FLAGS.steps_per_run)

@@ -12,7 +12,8 @@ whole and the seconds its chief took to first measure TARGET_ACCURACY (by
 default the lowest of the runs' final accuracies, as their chiefs measured
 them);
 and writes RUN_DIR/comparison.png: loss and accuracy against the global
-step and against wall time, for every run.
+step and against wall time, how stale the gradients were, and each worker's
+share of dropped gradients, for every run.
 """
 
 import collections
@@ -29,26 +30,35 @@ TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
                     re.M)
 STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=\d+, '
-                       r'dropped=(\d+), staleness mean=([0-9.]+) ', re.M)
+                       r'dropped=(\d+), staleness mean=([0-9.]+) '
+                       r'\(([0-9: ]*)\)$', re.M)
 
 Worker = collections.namedtuple('Worker', [
     'accuracy', 'global_step', 'seconds', 'steps_per_sec', 'gradients',
-    'staleness', 'dropped'])
+    'staleness', 'dropped', 'counts'])
 
 
 def read_workers(run_dir):
-    """{worker: Worker} of the workers that finished in run_dir."""
+    """{worker: Worker} of the workers that finished in run_dir; staleness,
+    dropped and counts ({staleness: session.runs}) are None in the logs of
+    a version that did not measure them."""
     workers = {}
     for path in sorted(glob.glob(os.path.join(run_dir, 'worker*.log'))):
         with open(path) as f:
             log = f.read()
-        for (w, accuracy), (_, _, step, seconds, speed), stale in zip(
-                ACCURACY.findall(log), TIMING.findall(log),
-                STALENESS.findall(log) or [(None, 0, None, None)]):
-            workers[int(w)] = Worker(
-                float(accuracy), int(step), float(seconds), float(speed),
-                int(stale[1]), stale[3] and float(stale[3]),
-                stale[2] and int(stale[2]))
+        accuracy, timing = ACCURACY.search(log), TIMING.search(log)
+        if not (accuracy and timing):
+            continue  # it did not finish
+        stale = STALENESS.search(log)
+        workers[int(accuracy.group(1))] = Worker(
+            float(accuracy.group(2)), int(timing.group(3)),
+            float(timing.group(4)), float(timing.group(5)),
+            int(stale.group(2)) if stale else 0,
+            float(stale.group(4)) if stale else None,
+            int(stale.group(3)) if stale else None,
+            collections.Counter({int(s): int(n) for s, n in (
+                item.split(':') for item in stale.group(5).split())})
+            if stale else None)
     return workers
 
 
@@ -65,7 +75,9 @@ def overall(workers):
         sum(r.steps_per_sec for r in rows), gradients,
         sum(r.staleness * r.gradients for r in known) / gradients
         if gradients else None,
-        sum(r.dropped for r in known) if known else None)
+        sum(r.dropped for r in known) if known else None,
+        sum((r.counts for r in known), collections.Counter())
+        if known else None)
 
 
 def seconds_to(curve, target):
@@ -111,12 +123,13 @@ def read_curves(logdir):
     return curves
 
 
-def plot(curves, path):
+def plot(runs, curves, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for run, color in zip(curves, ('tab:blue', 'tab:orange', 'tab:green')):
+    fig, axes = plt.subplots(3, 2, figsize=(11, 11))
+    colors = dict(zip(runs, ('tab:blue', 'tab:orange', 'tab:green')))
+    for run, color in colors.items():
         for col in (0, 1):  # against the global step, then wall time
             for row, tags in enumerate(
                     (['loss'], ['validation_accuracy', 'test_accuracy'])):
@@ -131,9 +144,32 @@ def plot(curves, path):
         axes[1][col].set_xlabel(xlabel)
         for row, ylabel in enumerate(('loss', 'accuracy')):
             axes[row][col].set_ylabel(ylabel)
-            axes[row][col].legend(fontsize='small')
-            axes[row][col].grid(alpha=0.3)
-    fig.suptitle(' versus '.join(curves))
+    # The last row: how stale each run's gradients were, and which worker's
+    # were dropped.
+    stale, dropped = axes[2]
+    width = 0.8 / len(runs)
+    for i, (run, workers) in enumerate(runs.items()):
+        counts = overall(workers).counts
+        if counts:
+            total = sum(counts.values())
+            shown = sorted(counts)
+            stale.plot(shown, [counts[s] / total for s in shown], marker='o',
+                       color=colors[run], label=run)
+        names = sorted(workers)
+        dropped.bar([w + i * width for w in names],
+                    [(workers[w].dropped or 0) / max(workers[w].gradients, 1)
+                     for w in names], width, color=colors[run], label=run)
+    workers = sorted(set().union(*runs.values()))
+    dropped.set_xticks([w + width * (len(runs) - 1) / 2 for w in workers],
+                       [str(w) for w in workers])
+    stale.set_xlabel('staleness (updates of others between read and update)')
+    stale.set_ylabel('share of session.runs')
+    dropped.set_xlabel('worker')
+    dropped.set_ylabel('share of its gradients dropped')
+    for ax in axes.flat:
+        ax.legend(fontsize='small')
+        ax.grid(alpha=0.3)
+    fig.suptitle(' versus '.join(runs))
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 
@@ -154,7 +190,7 @@ def main(argv):
     target = float(argv[2]) if len(argv) == 3 else min(finals, default=1.0)
     print(table(runs, curves, target))
     try:
-        plot(curves, os.path.join(run_dir, 'comparison.png'))
+        plot(runs, curves, os.path.join(run_dir, 'comparison.png'))
     except ImportError as e:
         print('compare.py: no chart without matplotlib (%s): '
               'pip install matplotlib' % e, file=sys.stderr)

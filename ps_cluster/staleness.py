@@ -16,6 +16,14 @@ def global_step_copy(global_step, after=None):
             return global_step + 0
 
 
+def global_steps_around(global_step, update):
+    """[the global step as a session.run starts, and once `update` has run],
+    copied on its ps and fetched as one tensor: one transfer a step."""
+    with tf.device(global_step.device):
+        return tf.stack([global_step_copy(global_step),
+                         global_step_copy(global_step, update)])
+
+
 def local_step_copy():
     """SyncReplicasOptimizer's `sync_rep_local_step` of this worker, copied
     as a session.run starts: the global step its gradients are computed at,

@@ -5,23 +5,42 @@ run with a backup worker, the last worker slowed in each."""
 import os
 import re
 import sys
+from collections import Counter
 
 import pytest
 
 from conftest import (assert_clean_exit, final_accuracies, left_running,
                       staleness_of)
-from launcher.compare import TIMING, Worker, overall, seconds_to, table
+from launcher.compare import (TIMING, Worker, overall, read_workers,
+                              seconds_to, table)
 
 
 def test_the_run_as_a_whole():
-    workers = {0: Worker(0.75, 90, 10.0, 30.0, 100, 1.0, 0),
-               1: Worker(0.85, 100, 12.0, 20.0, 300, 2.0, 4)}
+    workers = {0: Worker(0.75, 90, 10.0, 30.0, 100, 1.0, 0,
+                         Counter({0: 50, 2: 50})),
+               1: Worker(0.85, 100, 12.0, 20.0, 300, 2.0, 4,
+                         Counter({1: 100, 3: 100}))}
     # Staleness weighs each worker's by its gradients: (100 + 600) / 400.
-    assert overall(workers) == Worker(0.8, 100, 12.0, 50.0, 400, 1.75, 4)
+    assert overall(workers) == Worker(
+        0.8, 100, 12.0, 50.0, 400, 1.75, 4,
+        Counter({0: 50, 1: 100, 2: 50, 3: 100}))
+
+
+def test_a_worker_log_read_back(tmp_path):
+    (tmp_path / 'worker1.log').write_text(
+        'worker=1, final accuracy = 0.8125\n'
+        'worker=1, local_steps=30, global_step=80, train_seconds=2.5, '
+        'steps_per_sec=12.0\n'
+        'worker=1, gradients=30, applied=28, dropped=2, staleness mean=0.10 '
+        '(0:28 1:1 2:1)\n')
+    # A worker that did not finish is left out.
+    (tmp_path / 'worker2.log').write_text('worker=2, starting at 0\n')
+    assert read_workers(str(tmp_path)) == {1: Worker(
+        0.8125, 80, 2.5, 12.0, 30, 0.1, 2, Counter({0: 28, 1: 1, 2: 1}))}
 
 
 def test_logs_without_staleness_show_none():
-    workers = {0: Worker(0.75, 90, 10.0, 30.0, 0, None, None)}
+    workers = {0: Worker(0.75, 90, 10.0, 30.0, 0, None, None, None)}
     lines = table({'async': workers}, {'async': {}}, 0.7).splitlines()
     assert lines[0] == ('| run | worker | accuracy | global steps | seconds '
                         '| steps/s | staleness | dropped | seconds to 0.7000 |')

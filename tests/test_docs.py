@@ -53,8 +53,9 @@ def samples(path):
 
 
 def test_the_docs_are_about_5000_words():
+    # 5,300 until the straggler experiment's lesson joined the README.
     words = sum(len(open(path).read().split()) for path in DOCS)
-    assert words <= 5300, words
+    assert words <= 5600, words
 
 
 def test_every_sample_line_is_one_the_code_prints():

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from conftest import run_accuracy, staleness_of
-from ps_cluster.staleness import Staleness, global_step_copy
+from ps_cluster.staleness import (Staleness, global_step_copy,
+                                  global_steps_around)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -52,6 +53,17 @@ def test_the_copy_keeps_the_step_it_read_and_the_after_the_update():
             for step in range(3):
                 assert sess.run([before, after, alias]) == [
                     step, step + 1, step + 1]
+
+
+def test_the_steps_around_an_update_in_one_tensor():
+    with tf.Graph().as_default():
+        global_step = tf.train.get_or_create_global_step()
+        steps = global_steps_around(global_step,
+                                    tf.assign_add(global_step, 1))
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            assert [sess.run(steps).tolist() for _ in range(2)] == [
+                [0, 1], [1, 2]]
 
 
 @pytest.mark.slow
