@@ -349,16 +349,20 @@ def training_session(sv, worker_server, tokens=None):
     return sess
 
 
-def slow_gradients(ms):
-    """The gradient of the loss with respect to itself, 1, given once this
-    worker has waited ms milliseconds in its session.run: gradients that
-    start from it come that much later after the read of w and b, as a slow
-    worker's would. None for 0, which minimize() takes as 1 at once."""
+def slow_gradients(ms, global_step):
+    """A straggler on purpose: (the gradient of the loss with respect to
+    itself, 1, given once this worker has waited ms milliseconds in its
+    session.run and then read the global step; that read, copied on the
+    ps). Gradients that start from the 1 come after both, so the read tells
+    whether an update passed them first. For 0: (None, which minimize()
+    takes as the book's 1 at once; the global step as the run starts)."""
     if not ms:
-        return None
-    one = tf.numpy_function(lambda: time.sleep(ms / 1000) or np.float32(1),
-                            [], tf.float32, name='slow_gradients')
-    return tf.reshape(one, [])
+        return None, global_step_copy(global_step)
+    waited = tf.numpy_function(lambda: time.sleep(ms / 1000) or np.float32(1),
+                               [], tf.float32, name='slow_gradients')
+    step = global_step_copy(global_step, waited)
+    with tf.control_dependencies([step]):
+        return tf.reshape(waited, []), step
 
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):

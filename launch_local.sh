@@ -43,7 +43,8 @@ options:
   -p NUM_PS       ps tasks (default 1)
   -b BASE_PORT    first port: the ps tasks', then the workers' (default 9001)
   -o RUN_DIR      one log per task here (default runs/MODE-DATE-TIME)
-  -s MS           the last worker sleeps MS ms after each step: a straggler
+  -s MS           the last worker's gradients wait MS ms each step: a
+                  straggler (--step_delay_ms)
   -e              an evaluator beside the cluster: it measures each of the
                   chief's checkpoints (--logdir, by default RUN_DIR/logdir)
   -H              on the host's network, not a private network namespace

@@ -118,7 +118,8 @@ def main(_):
         loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         # A straggler's gradients wait --step_delay_ms (None: the book's).
-        slow = cluster_utils.slow_gradients(FLAGS.step_delay_ms)
+        slow, _ = cluster_utils.slow_gradients(FLAGS.step_delay_ms,
+                                               global_step)
         train_op = optimizer.minimize(loss_op, global_step=global_step,
                                       grad_loss=slow)
         # ASYNC: K steps a session.run, built below.

@@ -130,8 +130,11 @@ def main(_):
             optimizer,
             replicas_to_aggregate=FLAGS.replicas_to_aggregate or num_workers,
             total_num_replicas=num_workers)
-        # A straggler's gradients wait --step_delay_ms (None: the book's).
-        slow = cluster_utils.slow_gradients(FLAGS.step_delay_ms)
+        # SYNC: a straggler's gradients wait --step_delay_ms (None: the
+        # book's); the global step as they start to be computed, read before
+        # they reach the ps: past the step they are for, they are dropped.
+        slow, step_read = cluster_utils.slow_gradients(FLAGS.step_delay_ms,
+                                                       global_step)
         train_op = optimizer.minimize(loss_op, global_step=global_step,
                                       grad_loss=slow)
         if is_chief:
@@ -149,11 +152,8 @@ def main(_):
         with tf.device(global_step.device):
             with tf.control_dependencies([train_op]):
                 step_after = global_step.read_value()
-        # SYNC: the step this worker's gradients are computed for, and the
-        # global step as their computing starts: behind it, they will be
-        # dropped.
+        # SYNC: the step this worker's gradients are computed for.
         step_computed = cluster_utils.local_step_copy()
-        step_read = cluster_utils.global_step_copy(global_step, slow)
 
     # PS: the chief initializes or restores the model and writes checkpoints
     # and summaries in --logdir, named relative to it so that a moved logdir

@@ -32,8 +32,9 @@ FLAGS.set_default('json', 'bench_scale.json')
 flags.DEFINE_float('seconds', 10, 'Seconds of training measured per size.',
                    lower_bound=1)
 flags.DEFINE_integer('task_step_delay_ms', 20,
-                     'Each worker sleeps this long after a step, so that 17 '
-                     'processes share 2 cores and every one of them trains.',
+                     'Each worker\'s steps wait this long (--step_delay_ms), '
+                     'so that 17 processes share 2 cores and every one of '
+                     'them trains.',
                      lower_bound=0)
 
 NETNS = 'BENCH_SCALE_NETNS'

@@ -29,13 +29,19 @@ ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
                     re.M)
-STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=\d+, '
-                       r'dropped=(\d+), staleness mean=([0-9.]+) '
-                       r'\(([0-9: ]*)\)$', re.M)
+STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=(\d+), '
+                       r'dropped=(\d+), staleness mean=(-?[0-9.]+) '
+                       r'\(([-0-9: ]*)\)$', re.M)
 
 Worker = collections.namedtuple('Worker', [
     'accuracy', 'global_step', 'seconds', 'steps_per_sec', 'gradients',
     'staleness', 'dropped', 'counts'])
+
+
+def counts(text):
+    """{staleness: session.runs} of the staleness line's "0:12 1:3"."""
+    return collections.Counter({int(s): int(n) for s, n in (
+        item.split(':') for item in text.split())})
 
 
 def read_workers(run_dir):
@@ -54,11 +60,9 @@ def read_workers(run_dir):
             float(accuracy.group(2)), int(timing.group(3)),
             float(timing.group(4)), float(timing.group(5)),
             int(stale.group(2)) if stale else 0,
-            float(stale.group(4)) if stale else None,
-            int(stale.group(3)) if stale else None,
-            collections.Counter({int(s): int(n) for s, n in (
-                item.split(':') for item in stale.group(5).split())})
-            if stale else None)
+            float(stale.group(5)) if stale else None,
+            int(stale.group(4)) if stale else None,
+            counts(stale.group(6)) if stale else None)
     return workers
 
 

@@ -17,14 +17,13 @@ import uuid
 import numpy as np
 import pytest
 
+from launcher.compare import STALENESS, counts
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION_MNIST = '/usr/share/datasets/fashion-mnist'
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 FINAL_STEP = re.compile(r'^worker=\d+, local_steps=(\d+), global_step=(\d+),',
                         re.M)
-STALENESS = re.compile(r'^worker=\d+, gradients=(\d+), applied=(\d+), '
-                       r'dropped=(\d+), staleness mean=([0-9.]+) '
-                       r'\(([0-9: ]*)\)$', re.M)
 EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
                        r'accuracy=(\S+) \(\S+\)$', re.M)
 # TensorFlow's own C++ log lines, which TF_CPP_MIN_LOG_LEVEL cannot silence
@@ -47,10 +46,9 @@ def final_accuracies(output):
 def staleness_of(output):
     """(gradients, applied, dropped, mean, {staleness: session.runs}) of a
     worker's closing line."""
-    (gradients, applied, dropped, mean, counts), = STALENESS.findall(output)
+    (_, gradients, applied, dropped, mean, runs), = STALENESS.findall(output)
     return (int(gradients), int(applied), int(dropped), float(mean),
-            {int(s): int(n) for s, n in
-             (item.split(':') for item in counts.split())})
+            counts(runs))
 
 
 def run_accuracy(outputs, script):

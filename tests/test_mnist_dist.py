@@ -65,8 +65,9 @@ def test_three_workers_learn_small_data(procs, free_ports, small_data, script):
         # increments at once may make one (the ps adds without a lock).
         last = [int(EPOCH_LINE.findall(o)[-1][2]) for o in outputs]
         assert max(last) in (178, 179, 180)
-        # Each update counted once, fewer than the 2 others' updates stale
-        # on average; a worker that starts after the others may train alone.
+        # Each update counted once, at most 3 updates stale on average (2
+        # others, and their lost increments); a worker that starts after
+        # the others may train alone.
         for gradients, applied, dropped, mean, counts in staleness:
             assert gradients == applied == sum(counts.values()) == 60
             assert mean < 3
