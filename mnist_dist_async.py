@@ -117,7 +117,8 @@ def main(_):
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
         loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
-        # A straggler's gradients wait --step_delay_ms (None: the book's).
+        # ASYNC: a straggler's gradients wait --step_delay_ms (None: the
+        # book's); its staleness is read with w and b, below.
         slow, _ = cluster_utils.slow_gradients(FLAGS.step_delay_ms,
                                                global_step)
         train_op = optimizer.minimize(loss_op, global_step=global_step,
