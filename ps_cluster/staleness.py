@@ -9,11 +9,12 @@ import tensorflow.compat.v1 as tf
 
 def global_step_copy(global_step, after=None):
     """The global step, copied on its ps as a session.run starts there (as
-    the worker reads w and b), or once `after` has run. A copy: reading a
-    ref variable gives an alias of it, which later updates change."""
+    the worker reads w and b), or once `after` has run. A Snapshot: a read
+    of a ref variable, and `+ 0`, which grappler makes an Identity, are
+    aliases of it, whose value is taken only as it is sent."""
     with tf.device(global_step.device):
         with tf.control_dependencies([after] if after is not None else []):
-            return global_step + 0
+            return tf.raw_ops.Snapshot(input=global_step)
 
 
 def global_steps_around(global_step, update):
@@ -31,7 +32,7 @@ def local_step_copy():
     local_step, = [v for v in tf.local_variables()
                    if v.op.name.endswith('sync_rep_local_step')]
     with tf.device(local_step.device):
-        return local_step + 0
+        return tf.raw_ops.Snapshot(input=local_step)
 
 
 class Staleness:

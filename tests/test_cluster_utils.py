@@ -1,6 +1,7 @@
 """What the scripts call in cluster_utils.py, as a user meets it: usage
 errors (in this process, and two in runs of their own), data errors, a port
-in use, --shard_data."""
+in use, --shard_data; and the straggler's gradients as TensorFlow runs
+them."""
 
 import os
 import re
@@ -9,10 +10,12 @@ import socket
 import sys
 
 import pytest
+import tensorflow.compat.v1 as tf
 
 from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
 
 from script_flags import usage_error
+import cluster_utils
 
 
 @pytest.mark.slow
@@ -121,3 +124,30 @@ def test_shard_data(procs, free_ports, small_data):
         local_steps = re.findall(r'^worker=%d,epoch=\d+,global_step=\d+, '
                                  r'local_step=(\d+),' % i, output, re.M)
         assert local_steps == ['3', '6', '9']
+
+
+def test_a_stragglers_gradients_start_after_its_read_of_the_step():
+    # As TensorFlow runs the graph, after grappler: every op of the update
+    # comes after the read that says whether an update passed it.
+    with tf.Graph().as_default():
+        global_step = tf.train.get_or_create_global_step()
+        w = tf.Variable([1.0, 2.0])
+        slow, step_read = cluster_utils.slow_gradients(1, global_step)
+        train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
+            tf.reduce_mean(w * w), global_step=global_step, grad_loss=slow)
+        metadata = tf.RunMetadata()
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            assert sess.run([train_op, step_read], options=tf.RunOptions(
+                output_partition_graphs=True), run_metadata=metadata)[1] == 0
+    inputs = {node.name: [name.lstrip('^').split(':')[0]
+                          for name in node.input]
+              for graph in metadata.partition_graphs for node in graph.node}
+    updates = [name for name in inputs if 'ApplyGradientDescent' in name]
+    before, todo = set(), list(updates)
+    while todo:
+        name = todo.pop()
+        if name not in before:
+            before.add(name)
+            todo.extend(inputs[name])
+    assert len(updates) == 1 and step_read.op.name in before
