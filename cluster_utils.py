@@ -369,14 +369,18 @@ def slow_gradients(ms, global_step):
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     """What this worker prints beyond the book's lines, its gradients'
-    staleness among them, and the chief's TensorBoard summaries of
-    accuracy_op on mnist's splits."""
+    staleness among them, which it writes in --logdir/staleness for
+    TensorBoard too; and the chief's summaries of accuracy_op on mnist's
+    splits."""
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     # Only the sync script's accumulators drop stale gradients.
     staleness = Staleness(drops_stale='replicas_to_aggregate' in FLAGS)
+    # TensorBoard shows each worker's histogram as a run of its own.
+    staleness_dir = FLAGS.logdir and os.path.join(
+        FLAGS.logdir, 'staleness', 'worker_%d' % _place.index)
     return TrainingLog(sv, sess, global_step, _place.index, accuracy_on,
-                       mnist, staleness)
+                       mnist, staleness, staleness_dir)
 
 
 def evaluate(model, loss_and_accuracy, mnist, last_step):

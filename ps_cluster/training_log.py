@@ -1,6 +1,7 @@
 """What a worker reports beyond the book's lines: where it starts, its pace
 every few seconds, its totals and its gradients' staleness at the end; and,
-with a --logdir, the chief's summaries for TensorBoard."""
+with a --logdir, the chief's summaries and each worker's staleness for
+TensorBoard."""
 
 import time
 
@@ -9,17 +10,18 @@ import tensorflow.compat.v1 as tf
 
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
-    staleness counts this worker's gradients (ps_cluster/staleness.py); the
+    staleness counts this worker's gradients (ps_cluster/staleness.py),
+    written as a histogram in staleness_dir, if any, at the end; the
     summaries go to the Supervisor's writer, the chief's."""
 
     SUMMARY_EVERY_STEPS = 50
     PROGRESS_EVERY_SECS = 10
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
-                 mnist, staleness):
+                 mnist, staleness, staleness_dir=None):
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
-        self.staleness = staleness
+        self.staleness, self.staleness_dir = staleness, staleness_dir
         self.writing = sv.summary_writer is not None
         self.started = self.last_progress = time.time()
         self.local_step = 0
@@ -59,15 +61,27 @@ class TrainingLog:
                                       seconds, self.local_step / seconds),
               flush=True)
         print(self.staleness.line(self.index), flush=True)
+        if self.staleness_dir:
+            self._write_staleness(global_step)
         if self.writing:
-            self._summary(global_step, test_accuracy=accuracy,
-                          staleness=self.staleness.histogram())
+            self._summary(global_step, test_accuracy=accuracy)
+
+    def _write_staleness(self, global_step):
+        """In a writer of its own: every worker has one, not only the
+        chief; one that cannot write says so and ends as it would."""
+        try:
+            writer = tf.summary.FileWriter(self.staleness_dir)
+            writer.add_summary(tf.Summary(value=[tf.Summary.Value(
+                tag='staleness', histo=self.staleness.histogram())]),
+                global_step)
+            writer.close()
+        except (tf.errors.OpError, OSError) as e:
+            print('worker=%d: cannot write its staleness to %s: %s'
+                  % (self.index, self.staleness_dir, e), flush=True)
 
     def _summary(self, global_step, **values):
         try:
             self.sv.summary_computed(self.sess, tf.Summary(value=[
-                tf.Summary.Value(tag=tag, histo=value)
-                if isinstance(value, tf.HistogramProto) else
                 tf.Summary.Value(tag=tag, simple_value=value)
                 for tag, value in values.items()]), global_step=global_step)
         except RuntimeError:  # its writer's thread failed, and said so

@@ -50,10 +50,11 @@ def chief(logdir=None):
         sv.stop()
 
 
-def training_log(sv, sess, global_step, task_index, accuracy=accuracy_on):
+def training_log(sv, sess, global_step, task_index, accuracy=accuracy_on,
+                 staleness_dir=None):
     """The log as cluster_utils.training_log() makes it, for async."""
     return TrainingLog(sv, sess, global_step, task_index, accuracy, MNIST,
-                       Staleness(drops_stale=False))
+                       Staleness(drops_stale=False), staleness_dir)
 
 
 def scalars(logdir):
@@ -129,8 +130,9 @@ def test_accuracies_writes_validation_and_test_accuracy(tmp_path):
 
 def test_final_says_the_totals_and_staleness_and_writes_them(tmp_path,
                                                               capsys):
+    staleness_dir = str(tmp_path / 'staleness' / 'worker_3')
     with chief(str(tmp_path)) as (sv, sess):
-        log = training_log(sv, sess, 100, 3)
+        log = training_log(sv, sess, 100, 3, staleness_dir=staleness_dir)
         # Three session.runs of 5, 5 and 10 steps, 0, 2 and 1 updates stale.
         for local_step, staleness in [(5, 0), (10, 2), (20, 1)]:
             log.step(100 + local_step, local_step, 1.0, staleness)
@@ -142,10 +144,25 @@ def test_final_says_the_totals_and_staleness_and_writes_them(tmp_path,
                         r'staleness mean=1.00 \(0:1 1:1 2:1\)\n',
                         capsys.readouterr().out)
     assert scalars(str(tmp_path)) == [(180, 'test_accuracy', 0.875)]
-    histogram, = histograms(str(tmp_path))
+    histogram, = histograms(staleness_dir)
     assert histogram[:2] == (180, 'staleness')
     assert list(histogram[2].bucket) == [1, 1, 1]
     assert list(histogram[2].bucket_limit) == [0.5, 1.5, 2.5]
+
+
+def test_a_worker_without_summaries_writes_its_staleness(tmp_path, capsys):
+    # As a worker other than the chief: no Supervisor writer of its own.
+    (tmp_path / 'a_file').write_text('')
+    with chief() as (sv, sess):
+        training_log(sv, sess, 0, 1,
+                     staleness_dir=str(tmp_path / 'worker_1')).final(0, 0.5)
+        training_log(sv, sess, 0, 2, staleness_dir=str(
+            tmp_path / 'a_file' / 'worker_2')).final(0, 0.5)
+    histogram, = histograms(str(tmp_path / 'worker_1'))
+    assert histogram[:2] == (0, 'staleness') and histogram[2].num == 0
+    # One that cannot write says so, and ends as it would.
+    assert re.search(r'^worker=2: cannot write its staleness to '
+                     r'\S+/a_file/worker_2: ', capsys.readouterr().out, re.M)
 
 
 def test_without_a_logdir_nothing_is_written(tmp_path, capsys, monkeypatch):
