@@ -24,9 +24,10 @@ from ps_cluster.logdir import Logdir
 from ps_cluster.ps_task import PsTask
 from ps_cluster.recoverable_session import RecoverableSession, Timeouts
 from ps_cluster.stall_watch import StallWatch
+from ps_cluster.staleness import Staleness, global_step_copy
 # The scripts' own calls: copies of the steps that measure staleness.
 from ps_cluster.staleness import (  # noqa: F401
-    Staleness, global_step_copy, global_steps_around, local_step_copy)
+    global_steps_around, local_step_copy)
 from ps_cluster.sync_tokens import SyncTokens
 from ps_cluster.training_log import TrainingLog
 
