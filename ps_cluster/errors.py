@@ -14,6 +14,16 @@ from ps_cluster.exits import TaskFailed
 LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
 
 
+def is_lost(error):
+    """A LOST error, or a run's whose first error is this task's cancelled
+    part of it and a later one, from another task, is LOST: a RunGraph that
+    gRPC sent again over a broken connection, which the ps had received."""
+    return isinstance(error, LOST) or (
+        isinstance(error, tf.errors.CancelledError) and re.search(
+            r'^(UNAVAILABLE|ABORTED): From /job:', error.message, re.M)
+        is not None)
+
+
 def what_went_wrong(error):
     """The line of an error that says what went wrong: its first, or, in
     TensorFlow 2's 'Graph execution error', the one after the failed op's

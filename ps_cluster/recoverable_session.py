@@ -116,10 +116,12 @@ class RecoverableSession:
         while True:
             try:
                 error = self._thread_error()
-                if isinstance(error, errors.LOST):
+                if errors.is_lost(error):
                     raise error
                 return call(self.session)
-            except errors.LOST as e:
+            except tf.errors.OpError as e:
+                if not errors.is_lost(e):
+                    raise
                 self._recover(e)
 
     def _thread_error(self):
@@ -167,7 +169,9 @@ class RecoverableSession:
                     try:
                         self._reopen(error)
                         return
-                    except errors.LOST as e:
+                    except tf.errors.OpError as e:
+                        if not errors.is_lost(e):
+                            raise
                         error = e
                 if time.time() > deadline:
                     raise TaskFailed(self._lost(error, missing))
@@ -228,11 +232,10 @@ class RecoverableSession:
         try:
             self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,
                                ignore_live_threads=True)
-        except errors.LOST:
-            pass  # the error this worker recovers from
-        except Exception as e:  # any other a thread stopped on before: said
-            print('worker=%d: a thread stopped: %s'
-                  % (self.index, errors.what_went_wrong(e)), flush=True)
+        except Exception as e:  # any a thread stopped on before: said,
+            if not errors.is_lost(e):  # unless it is the one recovered from
+                print('worker=%d: a thread stopped: %s'
+                      % (self.index, errors.what_went_wrong(e)), flush=True)
         self.sv.coord.clear_stop()
 
     def _open(self, reopened=False):

@@ -42,6 +42,27 @@ LOST_PS_1 = (
     'peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}')
 
 
+# As a sync worker's run met it: gRPC sent its RunGraph to the ps again
+# over a broken connection, and the ps had received the first.
+SENT_TWICE = (
+    'Graph execution error:\n\n=====================\nCANCELLED: From '
+    '/job:worker/replica:0/task:1:\nRecvFromRemoteAsync is cancelled.\n'
+    '\t [[{{node read_S35}}]]\nABORTED: From /job:ps/replica:0/task:0:\n'
+    'The same RunGraph (Worker) request was received twice.')
+
+
+@pytest.mark.parametrize('error, lost', [
+    (tf.errors.UnavailableError(None, None, LOST_PS_1), True),
+    (tf.errors.AbortedError(None, None, 'Session handle is not found'), True),
+    (tf.errors.CancelledError(None, None, SENT_TWICE), True),
+    (tf.errors.CancelledError(None, None, 'Session has been closed.'), False),
+    (tf.errors.InvalidArgumentError(None, None, SENT_TWICE), False),
+    (None, False),
+])
+def test_is_lost(error, lost):
+    assert errors.is_lost(error) == lost
+
+
 @pytest.mark.parametrize('missing, line', [
     ((), 'lost the connection to /job:ps/task:1 (b:2)'),
     ({1}, 'lost the connection to /job:ps/task:1 (b:2)'),
