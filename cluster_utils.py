@@ -17,7 +17,8 @@ import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import errors, evaluator, exits, liveness, server, sources
+from ps_cluster import (errors, evaluator, exits, liveness, placement,
+                        server, sources)
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import Exists, export_saved_model
 from ps_cluster.logdir import Logdir
@@ -369,10 +370,15 @@ def slow_gradients(ms, global_step):
 
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
-    """What this worker prints beyond the book's lines, its gradients'
-    staleness among them, which it writes in --logdir/staleness for
-    TensorBoard too; and the chief's summaries of accuracy_op on mnist's
-    splits."""
+    """What this worker prints beyond the book's lines: first, where the
+    model's variables live; its gradients' staleness, which it writes in
+    --logdir/staleness for TensorBoard too; and the chief's summaries of
+    accuracy_op on mnist's splits."""
+    for line in placement.lines(
+            tf.trainable_variables() + [tf.train.get_global_step()],
+            _place.cluster.job_tasks('ps')):
+        print('%s: %s' % (_place.name, line), flush=True)
+
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     # Only the sync script's accumulators drop stale gradients.

@@ -1,5 +1,6 @@
 """2 ps + 3 workers, each task on its own host: a network namespace with its
-own address, all joined by a bridge, with added link delay. Root only."""
+own address, all joined by a bridge, with added link delay. Root only. The
+workers say where round robin put the model."""
 
 import contextlib
 import sys
@@ -43,4 +44,7 @@ def test_two_ps_three_workers_on_five_hosts(procs, hosts, small_data, script):
     for output, (job, index) in zip(outputs, tasks):
         if job == 'worker':
             assert index in final_accuracies(output), output
+            # Round robin: ps 1 holds w, 99.8% of the model's bytes.
+            assert '/job:ps/task:1 (%s) holds w: 31,360 bytes, 99.8%% of ' \
+                'the model' % ps_hosts[1] in output, output
     assert run_accuracy(outputs[2:], script) > 0.9
