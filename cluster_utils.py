@@ -72,8 +72,9 @@ flags.DEFINE_float('gpu_memory_fraction', 0.2,
                    'several workers fit on one GPU.')
 flags.DEFINE_string('logdir', None,
                     'Where the chief writes summaries for TensorBoard and '
-                    'checkpoints; a run with the same logdir resumes from '
-                    'the last checkpoint. Nothing is written without it.')
+                    'checkpoints, and each worker its staleness; a run with '
+                    'the same logdir resumes from the last checkpoint. '
+                    'Nothing is written without it.')
 flags.DEFINE_float('save_checkpoint_secs', 60,
                    'Seconds between the chief\'s checkpoints in --logdir.')
 flags.DEFINE_float('startup_timeout', 120,

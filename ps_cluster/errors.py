@@ -15,13 +15,14 @@ LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
 
 
 def is_lost(error):
-    """A LOST error, or a run's whose first error is this task's cancelled
-    part of it and a later one, from another task, is LOST: a RunGraph that
-    gRPC sent again over a broken connection, which the ps had received."""
+    """A LOST error, or a cancelled run that names a LOST error of a task
+    among its errors: TensorFlow raises a run's first error, which may be
+    the part of it cancelled because a RunGraph that gRPC sent again over
+    a broken connection was refused by a ps that had received it."""
     return isinstance(error, LOST) or (
         isinstance(error, tf.errors.CancelledError) and re.search(
-            r'^(UNAVAILABLE|ABORTED): From /job:', error.message, re.M)
-        is not None)
+            r'^\s*(\(\d+\) )?(UNAVAILABLE|ABORTED|Unavailable|Aborted): '
+            r'From /job:', error.message, re.M) is not None)
 
 
 def what_went_wrong(error):

@@ -239,13 +239,11 @@ class Watchdog(tf.train.LooperThread):
                 [self.beat_op, self.departed, self.farewells,
                  self.chief_left_early if waiting else []],
                 options=self.RUN_OPTIONS)
-        except errors.LOST as e:
+        except (tf.errors.OpError, RuntimeError) as e:
             # A lost ps: the Supervisor's threads stop with it, and the
-            # main thread recovers.
-            if not self._paused.is_set():
+            # main thread recovers; a frozen ps: nothing to do.
+            if errors.is_lost(e) and not self._paused.is_set():
                 self.sv.coord.request_stop(e)
-            return
-        except (tf.errors.OpError, RuntimeError):  # a frozen ps
             return
         for k, reason in enumerate(farewells):
             if reason:
@@ -270,12 +268,10 @@ class Watchdog(tf.train.LooperThread):
     def stop_loop(self):
         try:
             self.sv.coord.raise_requested_exception()
-        except errors.LOST:
-            if (self.on_ps_lost and self.sess is not None
-                    and not self._paused.is_set()):
+        except Exception as e:  # any but a lost ps's: sv.stop() raises it
+            if (errors.is_lost(e) and self.on_ps_lost
+                    and self.sess is not None and not self._paused.is_set()):
                 self.on_ps_lost()
-        except Exception:  # any other, a thread's: sv.stop() raises it
-            pass
 
     def _someone_departed(self):
         departures = self._run(self.departures)

@@ -28,6 +28,22 @@ def chief_left(path, since):
         return None
 
 
+def close_within(writer, secs):
+    """Closes a summary writer and says True, or gives up on it after secs:
+    TensorFlow's flush waits for good if its writer thread dies between
+    marking the last flush done and closing its queue
+    (event_file_writer.py)."""
+    def close():
+        try:
+            writer.close()
+        except RuntimeError:  # its thread failed, and said so
+            pass
+    closing = threading.Thread(target=close, daemon=True)
+    closing.start()
+    closing.join(secs)
+    return not closing.is_alive()
+
+
 class Logdir:
     """Where the chief writes checkpoints, every save_checkpoint_secs, and
     summaries, and what a failed write there says; task_name names the
@@ -74,26 +90,16 @@ class Logdir:
         goes on."""
         try:
             sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
-        except errors.LOST:
-            pass  # a lost ps, which the main thread waits for
         except (tf.errors.OpError, ValueError) as e:
-            # ValueError: the logdir is no folder any more.
-            self.failed('save a checkpoint', e)
+            # ValueError: the logdir is no folder any more; a lost ps the
+            # main thread waits for.
+            if not errors.is_lost(e):
+                self.failed('save a checkpoint', e)
 
     def close_summaries(self, writer):
         """Closes the summary writer, or gives up on it after CLOSE_SECS
-        with one line: TensorFlow's flush waits for good if its writer
-        thread dies between marking the last flush done and closing its
-        queue (event_file_writer.py)."""
-        def close():
-            try:
-                writer.close()
-            except RuntimeError:  # its thread failed, and said so
-                pass
-        closing = threading.Thread(target=close, daemon=True)
-        closing.start()
-        closing.join(self.CLOSE_SECS)
-        if closing.is_alive():
+        with one line."""
+        if not close_within(writer, self.CLOSE_SECS):
             print('%s: error: cannot close the summaries in --logdir=%s '
                   'within %d s; leaving them' % (
                       self.task_name, self.path, self.CLOSE_SECS),

@@ -15,7 +15,7 @@ def lines(variables, ps_addresses):
             held[int(task.group(1))].append(variable)
     size = {v: v.shape.num_elements() * v.dtype.base_dtype.size
             for v in variables}
-    total = sum(size.values())
+    total = max(sum(size.values()), 1)
     return ['/job:ps/task:%d (%s) holds %s: %s bytes, %.1f%% of the model'
             % (i, address,
                ', '.join(sorted(v.op.name for v in vs)) or 'nothing',

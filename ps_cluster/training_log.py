@@ -7,6 +7,9 @@ import time
 
 import tensorflow.compat.v1 as tf
 
+from ps_cluster import errors
+from ps_cluster.logdir import Logdir, close_within
+
 
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
@@ -74,10 +77,13 @@ class TrainingLog:
             writer.add_summary(tf.Summary(value=[tf.Summary.Value(
                 tag='staleness', histo=self.staleness.histogram())]),
                 global_step)
-            writer.close()
+            why = None if close_within(writer, Logdir.CLOSE_SECS) else (
+                'not closed within %d s' % Logdir.CLOSE_SECS)
         except (tf.errors.OpError, OSError) as e:
+            why = errors.what_went_wrong(e)
+        if why:
             print('worker=%d: cannot write its staleness to %s: %s'
-                  % (self.index, self.staleness_dir, e), flush=True)
+                  % (self.index, self.staleness_dir, why), flush=True)
 
     def _summary(self, global_step, **values):
         try:

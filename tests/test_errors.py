@@ -55,6 +55,12 @@ SENT_TWICE = (
     (tf.errors.UnavailableError(None, None, LOST_PS_1), True),
     (tf.errors.AbortedError(None, None, 'Session handle is not found'), True),
     (tf.errors.CancelledError(None, None, SENT_TWICE), True),
+    # TensorFlow 1.15 numbers a run's errors.
+    (tf.errors.CancelledError(None, None, (
+        '2 root error(s) found.\n  (0) Cancelled: From /job:worker/replica:0'
+        '/task:1:\nRecvFromRemoteAsync is cancelled.\n  (1) Aborted: From '
+        '/job:ps/replica:0/task:0:\nThe same RunGraph (Worker) request was '
+        'received twice.')), True),
     (tf.errors.CancelledError(None, None, 'Session has been closed.'), False),
     (tf.errors.InvalidArgumentError(None, None, SENT_TWICE), False),
     (None, False),
