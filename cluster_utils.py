@@ -7,6 +7,7 @@ ps_cluster/, one module per concern.
 Importing it only defines flags: the scripts set TensorFlow up themselves.
 """
 
+import collections
 import os
 import sys
 import threading
@@ -65,6 +66,10 @@ flags.DEFINE_string('data_mirror', None,
 flags.DEFINE_bool('shard_data', False,
                   'Each worker walks its own 1/N of the training set each '
                   'epoch, instead of all of it as in the book.')
+flags.DEFINE_bool('split_w', False,
+                  'Split w into a shard per ps task, so that each holds a '
+                  'near-equal share of the model, instead of round robin '
+                  'placing it whole on one ps as in the book.')
 flags.DEFINE_integer('validation_size', 5000,
                      'Training images held out for validation.', lower_bound=0)
 flags.DEFINE_float('gpu_memory_fraction', 0.2,
@@ -413,8 +418,12 @@ def export(sess, model, mnist):
     if FLAGS.export_dir and _place.is_chief and not FLAGS.slurm_evaluator:
         sess.wait_for_the_others()
         variables = tf.trainable_variables() + [tf.train.get_global_step()]
-        values = dict(zip([v.op.name for v in variables],
-                          sess.run(variables)))
+        # With --split_w, w/part_0, w/part_1, ...: one w, as model() makes.
+        parts = collections.defaultdict(list)
+        for variable, value in zip(variables, sess.run(variables)):
+            parts[variable.op.name.split('/part_')[0]].append(value)
+        values = {name: np.concatenate(part) if len(part) > 1 else part[0]
+                  for name, part in parts.items()}
         _export(model, values, values['global_step'], mnist.test)
 
 

@@ -50,12 +50,14 @@ flags.DEFINE_integer('steps_per_run', 1, 'Training steps per session.run, '
                      'each on its own batch.', lower_bound=1)
 
 
-def model(x_p):
+def model(x_p, partitioner=None):
     """The book's model, softmax regression: the logits of the ten classes
-    for images x_p of 784 pixels."""
-    w = tf.Variable(tf.random_normal([mnist_data.IMAGE_PIXELS,
-                                      mnist_data.NUM_CLASSES]), name='w')
-    b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
+    for images x_p of 784 pixels; a partitioner, if any, splits w."""
+    w = tf.get_variable('w', [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES],
+                        initializer=tf.random_normal_initializer(),
+                        partitioner=partitioner)
+    b = tf.get_variable('b', [mnist_data.NUM_CLASSES],
+                        initializer=tf.random_normal_initializer())
     return tf.matmul(x_p, w) + b
 
 
@@ -107,7 +109,9 @@ def main(_):
     is_chief = FLAGS.task_index == 0
 
     # PS: the variables go to the ps tasks, round robin, the computation to
-    # this worker.
+    # this worker; with --split_w, w goes to them as a shard each.
+    partitioner = (tf.fixed_size_partitioner(cluster.num_tasks('ps'))
+                   if FLAGS.split_w else None)
     with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
@@ -115,7 +119,8 @@ def main(_):
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
+        loss_op, accuracy_op = loss_and_accuracy(model(x_p, partitioner),
+                                                 y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         # ASYNC: a straggler's gradients wait --step_delay_ms (None: the
         # book's); its staleness is read with w and b, below.
@@ -189,14 +194,16 @@ def several_steps(optimizer, x_p, y_p, global_step, slow):
     other, each reading w and b on the ps once the step before has updated
     them, their gradients starting from `slow`. It saves the dispatch and a
     round trip of all steps but one."""
-    w, b = tf.trainable_variables()
+    # w's shards (one, whole), in order, then b.
+    *w_parts, b = tf.trainable_variables()
     train_op = None
     for k in range(FLAGS.steps_per_run):
         with tf.control_dependencies([train_op] if train_op else []):
-            with tf.device(w.device):
-                w_now = w.read_value()
-            with tf.device(b.device):
-                b_now = b.read_value()
+            now = []
+            for variable in w_parts + [b]:
+                with tf.device(variable.device):
+                    now.append(variable.read_value())
+        w_now, b_now = tf.concat(now[:-1], 0), now[-1]
         rows = slice(k * FLAGS.batch_size, (k + 1) * FLAGS.batch_size)
         loss_op, _ = loss_and_accuracy(tf.matmul(x_p[rows], w_now) + b_now,
                                        y_p[rows])

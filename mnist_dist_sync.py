@@ -53,12 +53,14 @@ flags.DEFINE_integer('replicas_to_aggregate', None, 'Gradients per update '
                      '(default: all the workers).', lower_bound=1)
 
 
-def model(x_p):
+def model(x_p, partitioner=None):
     """The book's model, softmax regression: the logits of the ten classes
-    for images x_p of 784 pixels."""
-    w = tf.Variable(tf.random_normal([mnist_data.IMAGE_PIXELS,
-                                      mnist_data.NUM_CLASSES]), name='w')
-    b = tf.Variable(tf.random_normal([mnist_data.NUM_CLASSES]), name='b')
+    for images x_p of 784 pixels; a partitioner, if any, splits w."""
+    w = tf.get_variable('w', [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES],
+                        initializer=tf.random_normal_initializer(),
+                        partitioner=partitioner)
+    b = tf.get_variable('b', [mnist_data.NUM_CLASSES],
+                        initializer=tf.random_normal_initializer())
     return tf.matmul(x_p, w) + b
 
 
@@ -111,7 +113,9 @@ def main(_):
     is_chief = FLAGS.task_index == 0
 
     # PS: the variables go to the ps tasks, round robin, the computation to
-    # this worker.
+    # this worker; with --split_w, w goes to them as a shard each.
+    partitioner = (tf.fixed_size_partitioner(cluster.num_tasks('ps'))
+                   if FLAGS.split_w else None)
     with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
@@ -119,7 +123,8 @@ def main(_):
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])
-        loss_op, accuracy_op = loss_and_accuracy(model(x_p), y_p)
+        loss_op, accuracy_op = loss_and_accuracy(model(x_p, partitioner),
+                                                 y_p)
         optimizer = tf.train.GradientDescentOptimizer(FLAGS.learning_rate)
         # SYNC: the book's wrapped optimizer, whose accumulators and token
         # queue live on the ps: the chief sets them up and applies each

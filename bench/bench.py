@@ -12,6 +12,8 @@ On the same data and flags it measures:
     accuracy;
   - a straggler: one worker slowed by --straggler_delay_ms a step, for async,
     sync, and sync with one backup worker;
+  - async with the most --workers and each of --ps_tasks ps tasks, w whole
+    (round robin) and split a shard per ps (--split_w);
   - TF 2.x's ParameterServerStrategy with a ClusterCoordinator
     (bench/tf2_ps_strategy.py): 1 ps + the most --workers + a coordinator, as
     processes, with each of --tf2_steps_per_function steps per scheduled
@@ -57,6 +59,8 @@ flags.DEFINE_integer('repeats', 3, 'Runs of each cluster and of each import '
                      'measurement; medians reported.', lower_bound=1)
 flags.DEFINE_integer('baseline_steps', 2000, 'Steps of the baseline.',
                      lower_bound=100)
+flags.DEFINE_list('ps_tasks', ['2', '3'], 'Numbers of ps tasks to measure '
+                  'async with, w whole and split.')
 flags.DEFINE_integer('straggler_delay_ms', 10,
                      'Delay a step of the slow worker in the straggler runs.')
 flags.DEFINE_float('target_accuracy', 0.6,
@@ -204,41 +208,46 @@ class Task:
 
 
 def run_cluster(script, num_workers, extra=(), slow_worker_flags=(),
-                timeout=1800):
-    """Runs 1 ps + num_workers workers; returns the figures of the run."""
-    ports = free_ports(1 + num_workers)
-    cluster = ['--ps=localhost:%d' % ports[0],
-               '--worker=' + ','.join('localhost:%d' % p for p in ports[1:])]
+                timeout=1800, num_ps=1):
+    """Runs num_ps ps + num_workers workers; returns the figures of the
+    run."""
+    ports = free_ports(num_ps + num_workers)
+    cluster = ['--ps=' + ','.join('localhost:%d' % p for p in ports[:num_ps]),
+               '--worker=' + ','.join('localhost:%d' % p
+                                      for p in ports[num_ps:])]
     shared = ['--%s=%s' % (name, FLAGS[name].value) for name in SHARED_FLAGS]
     command = [sys.executable, 'mnist_dist_%s.py' % script] + cluster + shared
     launched = time.time()
-    ps = Task(command + ['--job_name=ps'])
+    all_ps = [Task(command + ['--job_name=ps', '--task_index=%d' % i])
+              for i in range(num_ps)]
     workers = [Task(command + ['--job_name=worker', '--task_index=%d' % i]
                     + list(extra)
                     + list(slow_worker_flags if i == num_workers - 1 else []))
                for i in range(num_workers)]
     deadline = launched + timeout
-    for task in workers + [ps]:
+    for task in workers + all_ps:
         task.reader.join(max(0, deadline - time.time()))
         if task.exited is None:
-            for t in workers + [ps]:
+            for t in workers + all_ps:
                 t.proc.kill()
             raise RuntimeError('%s %d workers: a task hung' % (script,
                                                                num_workers))
-    if any(t.proc.returncode for t in workers + [ps]):
+    if any(t.proc.returncode for t in workers + all_ps):
         raise RuntimeError('%s %d workers: a task failed:\n%s' % (
             script, num_workers, '\n'.join(
-                line for t in workers + [ps] for _, line in t.lines[-5:])))
+                line for t in workers + all_ps for _, line in t.lines[-5:])))
     starts = [w.first(r'worker=\d+, starting at')[0] for w in workers]
     ends = [w.first(ACCURACY.pattern) for w in workers]
     return {
         'steps_per_sec': sum(float(w.first(TIMING.pattern)[1].group(5))
                              for w in workers),
         'seconds_to_all_training': max(starts) - launched,
-        'seconds_last_step_to_all_gone': max(t.exited for t in workers + [ps])
-                                         - max(e[0] for e in ends),
+        'seconds_last_step_to_all_gone': (
+            max(t.exited for t in workers + all_ps)
+            - max(e[0] for e in ends)),
         'accuracy': float(statistics.median(
             float(e[1].group(2)) for e in ends)),
+        'processes': num_ps + num_workers,
     }
 
 
@@ -391,7 +400,7 @@ def report(results):
         '| test accuracy |',
         '|---|---|---|---|---|---|---|']
     for name, r in results['clusters'].items():
-        processes = 1 + int(name.split(', ')[1].split()[0])
+        processes = r['processes']
         lines.append('| %s | %.0f | %.2f | %.2f | %.1f (%.1f) | %.1f | %.4f |'
                      % (name, r['steps_per_sec'], r['steps_per_sec'] / base,
                         r['steps_per_sec'] / tf2_best,
@@ -416,8 +425,9 @@ def main(_):
     tf.disable_v2_behavior()
     mnist = mnist_data.read_data_sets(FLAGS.data_dir, FLAGS.validation_size,
                                       FLAGS.data_mirror)
-    sizes = sorted({1 + int(n) for n in FLAGS.workers} | {4})
     most = max(map(int, FLAGS.workers))
+    sizes = sorted({1 + int(n) for n in FLAGS.workers} | {4}
+                   | {int(p) + most for p in FLAGS.ps_tasks})
     results = {'baseline': baseline(mnist), 'import_seconds': {},
                'flags': {name: FLAGS[name].value for name in SHARED_FLAGS},
                'clusters': {}, 'tf2': {}, 'seconds_to_target': {}}
@@ -439,6 +449,12 @@ def main(_):
     for k in map(int, FLAGS.tf2_steps_per_function):
         name = 'TF 2.x PS strategy, %d workers, %d steps/function' % (most, k)
         results['tf2'][name] = median_of_runs(name, run_tf2, most, k)
+    for p in map(int, FLAGS.ps_tasks):
+        for split in ([], ['--split_w']):
+            name = 'async, %d workers, %d ps%s' % (
+                most, p, ', w split' if split else '')
+            clusters[name] = median_of_runs(name, run_cluster, 'async', most,
+                                            split, num_ps=p)
     slow = ['--step_delay_ms=%d' % FLAGS.straggler_delay_ms]
     for name, script, extra in (
             ('async, 3 workers, 1 straggler', 'async', []),

@@ -20,7 +20,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
          '--validation_size=100', '--epochs=3', '--learning_rate=0.5',
          '--workers=1', '--repeats=1', '--baseline_steps=200',
          '--target_accuracy=0.5', '--tf2_steps_per_function=5',
-         '--async_steps_per_run=5',
+         '--async_steps_per_run=5', '--ps_tasks=2',
          '--json=' + str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -29,6 +29,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     assert all(s > 0 for s in figures['import_seconds'].values())
     assert sorted(figures['clusters']) == sorted([
         'async, 1 workers', 'sync, 1 workers', 'async, 1 workers, 5 steps/run',
+        'async, 1 workers, 2 ps', 'async, 1 workers, 2 ps, w split',
         'async, 3 workers, 1 straggler', 'sync, 3 workers, 1 straggler',
         'sync, 3 workers, 1 straggler, 1 backup'])
     for run in figures['clusters'].values():

@@ -201,16 +201,26 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
              '--logdir=' + logdir]
     # Beside the cluster, an evaluator; the chief exports the model it
     # trained, the evaluator the one of the last checkpoint. 50 ms a step
-    # and a checkpoint a second: 3 s, and several checkpoints.
-    ports = free_ports(4)
+    # and a checkpoint a second: 3 s, and several checkpoints. Sync's
+    # model is split on 2 ps; the evaluator and the export have one w.
+    num_ps = 2 if script == 'sync' else 1
+    split = ['--split_w'] if script == 'sync' else []
+    ports = free_ports(num_ps + 3)
     ps, workers = procs.cluster(
         script, lambda n: ports, '--epochs=6', *flags, '--step_delay_ms=50',
-        '--save_checkpoint_secs=1', '--export_dir=%s' % (tmp_path / 'chief'))
-    evaluator = procs.script(script, 'evaluator', 0, ports[:1], ports[1:],
-                             '--epochs=6', *flags,
+        '--save_checkpoint_secs=1', '--export_dir=%s' % (tmp_path / 'chief'),
+        *split, num_ps=num_ps)
+    ps = ps if isinstance(ps, list) else [ps]
+    evaluator = procs.script(script, 'evaluator', 0, ports[:num_ps],
+                             ports[num_ps:], '--epochs=6', *flags,
                              '--export_dir=%s' % (tmp_path / 'evaluator'))
-    procs.wait_all(workers + [ps], 120)
-    outputs = [assert_clean_exit(procs, p, 0) for p in workers + [ps]][:-1]
+    procs.wait_all(workers + ps, 120)
+    outputs = [assert_clean_exit(procs, p, 0) for p in workers + ps][:3]
+    if split:  # a shard of w on each ps, and no ps above 55% of the model
+        shares = re.findall(r'^/job:worker/task:0: /job:ps/task:\d \S+ '
+                            r'holds .*w/part_.*, ([\d.]+)% of the model$',
+                            outputs[0], re.M)
+        assert len(shares) == 2 and max(map(float, shares)) <= 55, outputs
     procs.wait_all([evaluator], 30)  # within 30 s of the run's end
     assert_evaluated_and_exported(procs, evaluator, outputs, logdir,
                                   tmp_path, script, small_data)
@@ -246,15 +256,18 @@ def test_summaries_checkpoints_and_resume(procs, free_ports, small_data,
     saved_step = int(tf.train.load_variable(saved, 'global_step'))
     assert saved_step >= tags['test_accuracy'][-1] > 0
 
-    # The same cluster again, to 9 epochs: it goes on from the checkpoint;
-    # in sync with a backup worker (--replicas_to_aggregate=2). Beside it,
-    # on a copy of the logdir, a cluster of another shape: the model and the
-    # global step carry over, what is per worker or per ps is made anew
-    # (async: 2 ps and 2 workers, w and b placed anew, to 12 epochs, 240
-    # steps; sync: 4 workers).
-    shapes = ({'two_ps': (['--epochs=12'], {'num_ps': 2, 'num_workers': 2})}
+    # The same cluster again, to 9 epochs, on 1 ps, w whole: it goes on
+    # from the checkpoint; in sync with a backup worker
+    # (--replicas_to_aggregate=2). Beside it, on a copy of the logdir, a
+    # cluster of another shape: the model and the global step carry over,
+    # what is per worker or per ps is made anew (async: 2 ps and 2 workers,
+    # w split anew, 2 steps a run, to 12 epochs, 240 steps; sync: 3 ps, w
+    # in 3 shards, and 4 workers).
+    shapes = ({'two_ps': (['--epochs=12', '--split_w', '--steps_per_run=2'],
+                          {'num_ps': 2, 'num_workers': 2})}
               if script == 'async' else
-              {'four_workers': (['--epochs=9'], {'num_workers': 4})})
+              {'three_ps': (['--epochs=9', '--split_w'],
+                            {'num_ps': 3, 'num_workers': 4})})
     again = ['--replicas_to_aggregate=2'] if script == 'sync' else []
     copies = {}
     for name in shapes:

@@ -117,14 +117,14 @@ LABEL = re.compile(r'^\s*# (PS|ASYNC|SYNC): ')
 # The book's steps, in its order (docs/book.md); its model, loss and
 # accuracy first, as functions that the evaluator builds too.
 BOOK_STEPS = [
-    r'w = tf.Variable\(', r'b = tf.Variable\(',
+    r'w = tf.get_variable\(', r'b = tf.get_variable\(',
     r'loss_op = tf.reduce_mean\(cross_entropy\)', r'correct_pred = ',
     r'accuracy_op = tf.reduce_mean', r'def main\(',
     r'tf.train.ClusterSpec\(', r"if FLAGS.job_name == 'ps':",
     r'tf.train.Server\(', r'is_chief = ', r'replica_device_setter\(',
     r'global_step = tf.train.get_or_create_global_step\(\)',
     r'x_p = tf.placeholder', r'y_p = tf.placeholder',
-    r'loss_op, accuracy_op = loss_and_accuracy\(model\(x_p\), y_p\)',
+    r'loss_op, accuracy_op = loss_and_accuracy\(model\(x_p, partitioner\),',
     r'optimizer = tf.train.GradientDescentOptimizer',
     r'train_op = optimizer.minimize\(loss_op', r'sv = tf.train.Supervisor\(',
     r'lstep = 0', r'for epoch in ', r'feed_dict = \{x_p: x_batch',

@@ -36,3 +36,23 @@ def test_round_robin_puts_the_model_on_one_ps():
     # A fourth holds nothing.
     assert placed(4)[3] == ('/job:ps/task:3 (ps3:1) holds nothing: 0 bytes, '
                             '0.0% of the model')
+
+
+def test_a_partitioner_gives_each_ps_a_shard():
+    # As --split_w makes w: a shard of 392 x 10 floats on each of 2 ps.
+    cluster = tf.train.ClusterSpec({'ps': ['ps0:1', 'ps1:1'],
+                                    'worker': ['w:1']})
+    with tf.Graph().as_default():
+        with tf.device(tf.train.replica_device_setter(
+                worker_device='/job:worker/task:0', cluster=cluster)):
+            global_step = tf.train.get_or_create_global_step()
+            tf.get_variable('w', [mnist_data.IMAGE_PIXELS,
+                                  mnist_data.NUM_CLASSES],
+                            partitioner=tf.fixed_size_partitioner(2))
+            tf.get_variable('b', [mnist_data.NUM_CLASSES])
+        assert placement.lines(tf.trainable_variables() + [global_step],
+                               cluster.job_tasks('ps')) == [
+            '/job:ps/task:0 (ps0:1) holds global_step, w/part_1: 15,688 '
+            'bytes, 49.9% of the model',
+            '/job:ps/task:1 (ps1:1) holds b, w/part_0: 15,720 bytes, 50.1% '
+            'of the model']
