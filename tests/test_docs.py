@@ -54,9 +54,10 @@ def samples(path):
 
 def test_the_docs_are_about_5000_words():
     # 5,300 until the straggler experiment's lesson joined the README;
-    # 5,600 until placement and --split_w joined docs/across-machines.md.
+    # 5,600 until placement and --split_w joined docs/across-machines.md
+    # and the benchmark.
     words = sum(len(open(path).read().split()) for path in DOCS)
-    assert words <= 5650, words
+    assert words <= 5800, words
 
 
 def test_every_sample_line_is_one_the_code_prints():
