@@ -3,6 +3,7 @@ that fails there later (a full or broken file system) costs the chief its
 checkpoints or summaries, with one line, not its run."""
 
 import os
+import socket
 import sys
 import threading
 
@@ -58,7 +59,9 @@ class Logdir:
     def check(self):
         """It must be a directory, or be creatable, and take a file; else
         ValueError says why."""
-        probe = os.path.join(self.path, '.writable')
+        # A probe of its own: the chief and an evaluator check at once.
+        probe = os.path.join(self.path, '.writable-%s-%d' % (
+            socket.gethostname(), os.getpid()))
         try:
             tf.io.gfile.makedirs(self.path)
             with tf.io.gfile.GFile(probe, 'w') as f:
