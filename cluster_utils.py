@@ -377,14 +377,9 @@ def slow_gradients(ms, global_step):
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     """What this worker prints beyond the book's lines: first, where the
-    model's variables live; its gradients' staleness, which it writes in
-    --logdir/staleness for TensorBoard too; and the chief's summaries of
-    accuracy_op on mnist's splits."""
-    for line in placement.lines(
-            tf.trainable_variables() + [tf.train.get_global_step()],
-            _place.cluster.job_tasks('ps')):
-        print('%s: %s' % (_place.name, line), flush=True)
-
+    model's variables live, which the chief writes for TensorBoard too; its
+    gradients' staleness, which it writes in --logdir/staleness; and the
+    chief's summaries of accuracy_op on mnist's splits."""
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     # Only the sync script's accumulators drop stale gradients.
@@ -392,8 +387,11 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     # TensorBoard shows each worker's histogram as a run of its own.
     staleness_dir = FLAGS.logdir and os.path.join(
         FLAGS.logdir, 'staleness', 'worker_%d' % _place.index)
+    where = placement.lines(
+        tf.trainable_variables() + [tf.train.get_global_step()],
+        [_place.task('ps', i) for i in range(_place.cluster.num_tasks('ps'))])
     return TrainingLog(sv, sess, global_step, _place.index, accuracy_on,
-                       mnist, staleness, staleness_dir)
+                       mnist, staleness, staleness_dir, where)
 
 
 def evaluate(model, loss_and_accuracy, mnist, last_step):

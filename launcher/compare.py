@@ -10,7 +10,7 @@ each worker's final accuracy, global steps, training seconds, steps per
 second, mean staleness and dropped gradients, with a row for each run as a
 whole and the seconds its chief took to first measure TARGET_ACCURACY (by
 default the lowest of the runs' final accuracies, as their chiefs measured
-them);
+them), then where each run's model lived, a line per ps task;
 and writes RUN_DIR/comparison.png: loss and accuracy against the global
 step and against wall time, how stale the gradients were, and each worker's
 share of dropped gradients, for every run.
@@ -29,6 +29,7 @@ ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
                     re.M)
+PLACEMENT = re.compile(r'^/job:worker/task:0: (/job:ps/.*)$', re.M)
 STALENESS = re.compile(r'^worker=(\d+), gradients=(\d+), applied=(\d+), '
                        r'dropped=(\d+), staleness mean=(-?[0-9.]+) '
                        r'\(([-0-9: ]*)\)$', re.M)
@@ -64,6 +65,16 @@ def read_workers(run_dir):
             int(stale.group(4)) if stale else None,
             counts(stale.group(6)) if stale else None)
     return workers
+
+
+def read_placement(run_dir):
+    """Where the model lived in the run in run_dir: the chief's lines of
+    ps_cluster/placement.py, one for each ps task."""
+    try:
+        with open(os.path.join(run_dir, 'worker0.log')) as f:
+            return PLACEMENT.findall(f.read())
+    except FileNotFoundError:
+        return []
 
 
 def overall(workers):
@@ -193,6 +204,9 @@ def main(argv):
               if c.get('test_accuracy')]
     target = float(argv[2]) if len(argv) == 3 else min(finals, default=1.0)
     print(table(runs, curves, target))
+    for run in runs:
+        for line in read_placement(os.path.join(run_dir, run)):
+            print('%s: %s' % (run, line))
     try:
         plot(runs, curves, os.path.join(run_dir, 'comparison.png'))
     except ImportError as e:

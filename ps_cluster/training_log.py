@@ -1,7 +1,7 @@
-"""What a worker reports beyond the book's lines: where it starts, its pace
-every few seconds, its totals and its gradients' staleness at the end; and,
-with a --logdir, the chief's summaries and each worker's staleness for
-TensorBoard."""
+"""What a worker reports beyond the book's lines: where the model lives and
+where it starts, its pace every few seconds, its totals and its gradients'
+staleness at the end; and, with a --logdir, the chief's summaries and each
+worker's staleness for TensorBoard."""
 
 import time
 
@@ -14,20 +14,27 @@ from ps_cluster.logdir import Logdir, close_within
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
     staleness counts this worker's gradients (ps_cluster/staleness.py),
-    written as a histogram in staleness_dir, if any, at the end; the
-    summaries go to the Supervisor's writer, the chief's."""
+    written as a histogram in staleness_dir, if any, at the end; placement
+    is the lines of ps_cluster/placement.py; the summaries go to the
+    Supervisor's writer, the chief's."""
 
     SUMMARY_EVERY_STEPS = 50
     PROGRESS_EVERY_SECS = 10
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
-                 mnist, staleness, staleness_dir=None):
+                 mnist, staleness, staleness_dir=None, placement=()):
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.staleness, self.staleness_dir = staleness, staleness_dir
         self.writing = sv.summary_writer is not None
         self.started = self.last_progress = time.time()
         self.local_step = 0
+        # Named by task, not worker=: launch_local.sh keeps them in the logs,
+        # off its terminal.
+        for line in placement:
+            print('/job:worker/task:%d: %s' % (task_index, line), flush=True)
+        if self.writing and placement:
+            self._text(global_step, 'placement', placement)
         print('worker=%d, starting at global_step=%d'
               % (task_index, global_step), flush=True)
 
@@ -86,9 +93,19 @@ class TrainingLog:
                   % (self.index, self.staleness_dir, why), flush=True)
 
     def _summary(self, global_step, **values):
+        self._write(global_step, [tf.Summary.Value(tag=tag, simple_value=value)
+                                  for tag, value in values.items()])
+
+    def _text(self, global_step, tag, lines):
+        """Lines for TensorBoard's text dashboard, a row each."""
+        self._write(global_step, [tf.Summary.Value(
+            tag=tag, tensor=tf.make_tensor_proto(list(lines)),
+            metadata=tf.SummaryMetadata(plugin_data=(
+                tf.SummaryMetadata.PluginData(plugin_name='text'))))])
+
+    def _write(self, global_step, values):
         try:
-            self.sv.summary_computed(self.sess, tf.Summary(value=[
-                tf.Summary.Value(tag=tag, simple_value=value)
-                for tag, value in values.items()]), global_step=global_step)
+            self.sv.summary_computed(self.sess, tf.Summary(value=values),
+                                     global_step=global_step)
         except RuntimeError:  # its writer's thread failed, and said so
             self.writing = False

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import (assert_clean_exit, final_accuracies, left_running,
                       staleness_of)
-from launcher.compare import (TIMING, Worker, overall, read_workers,
-                              seconds_to, table)
+from launcher.compare import (TIMING, Worker, overall, read_placement,
+                              read_workers, seconds_to, table)
 
 
 def test_the_run_as_a_whole():
@@ -37,6 +37,19 @@ def test_a_worker_log_read_back(tmp_path):
     (tmp_path / 'worker2.log').write_text('worker=2, starting at 0\n')
     assert read_workers(str(tmp_path)) == {1: Worker(
         0.8125, 80, 2.5, 12.0, 30, 0.1, 2, Counter({0: 28, 1: 1, 2: 1}))}
+
+
+def test_where_the_model_lived_is_the_chiefs_placement(tmp_path):
+    (tmp_path / 'worker0.log').write_text(
+        '/job:worker/task:0: /job:ps/task:0 (h:1) holds b: 40 bytes, 0.1% '
+        'of the model\n'
+        'worker=0, starting at global_step=0\n'
+        '/job:worker/task:0: /job:ps/task:1 (h:2) holds w: 31,360 bytes, '
+        '99.9% of the model\n')
+    assert read_placement(str(tmp_path)) == [
+        '/job:ps/task:0 (h:1) holds b: 40 bytes, 0.1% of the model',
+        '/job:ps/task:1 (h:2) holds w: 31,360 bytes, 99.9% of the model']
+    assert read_placement(str(tmp_path / 'none')) == []
 
 
 def test_logs_without_staleness_show_none():
@@ -93,6 +106,11 @@ def test_straggler_table_and_chart(procs, tmp_path, free_port_run,
         # Each run reaches the lowest final accuracy, with its last
         # measurement at the latest.
         assert float(table[(run, 'all')][6]) > 0
+    # Where each run's model lived: all of it on the one ps.
+    for run in ('async', 'sync', 'backup'):
+        assert re.findall(r'^%s: /job:ps/task:(\d) \(.*\) holds .*, w: '
+                          r'[\d,]+ bytes, 100.0%% of the model$' % run,
+                          output, re.M) == ['0']
     # Async drops no gradient; sync with a backup worker the most.
     assert int(table[('async', 'all')][5]) == 0
     assert int(table[('backup', 'all')][5]) > int(table[('sync', 'all')][5])

@@ -4,7 +4,13 @@ scripts' device setter places them."""
 import tensorflow.compat.v1 as tf
 
 import mnist_data
-from ps_cluster import placement
+from ps_cluster import placement, sources
+
+
+def ps_tasks(cluster):
+    """The ps tasks' names, as a worker's lines give them."""
+    worker = sources.Place(cluster, 'worker', 0)
+    return [worker.task('ps', i) for i in range(cluster.num_tasks('ps'))]
 
 
 def placed(num_ps):
@@ -20,7 +26,7 @@ def placed(num_ps):
                                   mnist_data.NUM_CLASSES]), name='w')
             tf.Variable(tf.zeros([mnist_data.NUM_CLASSES]), name='b')
         return placement.lines(tf.trainable_variables() + [global_step],
-                               cluster.job_tasks('ps'))
+                               ps_tasks(cluster))
 
 
 def test_round_robin_puts_the_model_on_one_ps():
@@ -51,7 +57,7 @@ def test_a_partitioner_gives_each_ps_a_shard():
                             partitioner=tf.fixed_size_partitioner(2))
             tf.get_variable('b', [mnist_data.NUM_CLASSES])
         assert placement.lines(tf.trainable_variables() + [global_step],
-                               cluster.job_tasks('ps')) == [
+                               ps_tasks(cluster)) == [
             '/job:ps/task:0 (ps0:1) holds global_step, w/part_1: 15,688 '
             'bytes, 49.9% of the model',
             '/job:ps/task:1 (ps1:1) holds b, w/part_0: 15,720 bytes, 50.1% '

@@ -85,6 +85,24 @@ def test_it_says_where_it_starts(capsys):
     assert capsys.readouterr().out == 'worker=2, starting at global_step=40\n'
 
 
+def test_the_chief_shows_where_the_model_lives_in_tensorboard_too(
+        tmp_path, capsys):
+    where = ['/job:ps/task:0 (ps0:1) holds global_step: 8 bytes, 0.0% of '
+             'the model',
+             '/job:ps/task:1 (ps1:1) holds b, w: 31,400 bytes, 100.0% of '
+             'the model']
+    with chief(str(tmp_path)) as (sv, sess):
+        TrainingLog(sv, sess, 40, 0, accuracy_on, MNIST,
+                    Staleness(drops_stale=False), placement=where)
+    assert capsys.readouterr().out.splitlines() == [
+        '/job:worker/task:0: ' + where[0], '/job:worker/task:0: ' + where[1],
+        'worker=0, starting at global_step=40']
+    [(event, value)] = summary_values(str(tmp_path))
+    assert (event.step, value.tag) == (40, 'placement')
+    assert value.metadata.plugin_data.plugin_name == 'text'
+    assert [line.decode() for line in tf.make_ndarray(value.tensor)] == where
+
+
 def test_progress_every_few_seconds(capsys, monkeypatch):
     monkeypatch.setattr(TrainingLog, 'PROGRESS_EVERY_SECS', 0.2)
     with chief() as (sv, sess):
