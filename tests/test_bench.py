@@ -60,6 +60,15 @@ def test_bench_reports_every_figure(small_data, tmp_path):
                      result.stderr, re.M), result.stderr
 
 
+def test_bench_measures_several_ps_tasks_only():
+    result = subprocess.run(
+        [sys.executable, '-m', 'bench.bench', '--ps_tasks=2,1'],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert (": each must be 2 or more: the async rows are on 1 ps"
+            in result.stderr)
+
+
 def test_bench_scale_reports_every_figure(small_data, tmp_path):
     if subprocess.run(['unshare', '--user', '--map-root-user', '--net',
                        'true']).returncode:
