@@ -377,7 +377,8 @@ def slow_gradients(ms, global_step):
 
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     """What this worker prints beyond the book's lines: first, where the
-    model's variables live, which the chief writes for TensorBoard too; its
+    model's variables live, which a chief with --logdir writes for
+    TensorBoard too; its
     gradients' staleness, which it writes in --logdir/staleness; and the
     chief's summaries of accuracy_op on mnist's splits."""
     def accuracy_on(split):
@@ -389,7 +390,7 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
         FLAGS.logdir, 'staleness', 'worker_%d' % _place.index)
     where = placement.lines(
         tf.trainable_variables() + [tf.train.get_global_step()],
-        [_place.task('ps', i) for i in range(_place.cluster.num_tasks('ps'))])
+        _place.tasks('ps'))
     return TrainingLog(sv, sess, global_step, _place.index, accuracy_on,
                        mnist, staleness, staleness_dir, where)
 

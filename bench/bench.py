@@ -59,12 +59,12 @@ flags.DEFINE_integer('repeats', 3, 'Runs of each cluster and of each import '
                      'measurement; medians reported.', lower_bound=1)
 flags.DEFINE_integer('baseline_steps', 2000, 'Steps of the baseline.',
                      lower_bound=100)
-flags.DEFINE_list('ps_tasks', ['2', '3'], 'Numbers of ps tasks to measure '
-                  'async with, w whole and split.')
+flags.DEFINE_list('ps_tasks', ['2', '3'], 'Numbers of ps tasks, 2 or more, '
+                  'to measure async with, w whole and split (the async rows '
+                  'are on 1 ps, where split is whole).')
 flags.register_validator(
     'ps_tasks', lambda value: all(p.isdigit() and int(p) >= 2 for p in value),
-    'each must be 2 or more: the async rows are on 1 ps, where w split is w '
-    'whole')
+    'each must be 2 or more: the async rows are on 1 ps')
 flags.DEFINE_integer('straggler_delay_ms', 10,
                      'Delay a step of the slow worker in the straggler runs.')
 flags.DEFINE_float('target_accuracy', 0.6,

@@ -1,5 +1,5 @@
 """Compares the runs of `launch_local.sh compare` or `straggler`: one table,
-one chart.
+one chart, and where each run's model lived.
 
     python launcher/compare.py RUN_DIR [TARGET_ACCURACY]
 
@@ -70,11 +70,8 @@ def read_workers(run_dir):
 def read_placement(run_dir):
     """Where the model lived in the run in run_dir: the chief's lines of
     ps_cluster/placement.py, one for each ps task."""
-    try:
-        with open(os.path.join(run_dir, 'worker0.log')) as f:
-            return PLACEMENT.findall(f.read())
-    except FileNotFoundError:
-        return []
+    with open(os.path.join(run_dir, 'worker0.log')) as f:
+        return PLACEMENT.findall(f.read())
 
 
 def overall(workers):

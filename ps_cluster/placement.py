@@ -5,17 +5,17 @@ import tensorflow.compat.v1 as tf
 
 
 def lines(variables, ps_tasks):
-    """One line for each ps task, named in order by ps_tasks: the variables
-    it holds, their bytes, and their share of all of `variables`'; a ps
-    that holds none says so."""
+    """One line for each ps task, ps_tasks being their names by index: the
+    variables it holds, their bytes, and their share of all of
+    `variables`'; a ps that holds none says so."""
     names = [[] for _ in ps_tasks]
     sizes = [0] * len(ps_tasks)
     for variable in variables:
         device = tf.DeviceSpec.from_string(variable.device)
         if device.job == 'ps':
-            names[device.task or 0].append(variable.op.name)
-            sizes[device.task or 0] += (variable.shape.num_elements()
-                                        * variable.dtype.base_dtype.size)
+            names[device.task].append(variable.op.name)
+            sizes[device.task] += (variable.shape.num_elements()
+                                   * variable.dtype.base_dtype.size)
     total = max(sum(sizes), 1)
     return ['%s holds %s: %s bytes, %.1f%% of the model'
             % (task, ', '.join(sorted(held)) or 'nothing', format(size, ','),

@@ -27,6 +27,10 @@ class Place(collections.namedtuple('Place', ['cluster', 'job', 'index'])):
         return '/job:%s/task:%d (%s)' % (job, index,
                                         self.cluster.task_address(job, index))
 
+    def tasks(self, job):
+        """Every task of a job, by index, as the lines name them."""
+        return [self.task(job, i) for i in range(self.cluster.num_tasks(job))]
+
 
 def parse_host_list(value):
     """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], or ValueError saying what is

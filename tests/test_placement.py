@@ -7,12 +7,6 @@ import mnist_data
 from ps_cluster import placement, sources
 
 
-def ps_tasks(cluster):
-    """The ps tasks' names, as a worker's lines give them."""
-    worker = sources.Place(cluster, 'worker', 0)
-    return [worker.task('ps', i) for i in range(cluster.num_tasks('ps'))]
-
-
 def placed(num_ps):
     """The lines of the book's model and global step, placed round robin
     on num_ps ps tasks."""
@@ -26,7 +20,7 @@ def placed(num_ps):
                                   mnist_data.NUM_CLASSES]), name='w')
             tf.Variable(tf.zeros([mnist_data.NUM_CLASSES]), name='b')
         return placement.lines(tf.trainable_variables() + [global_step],
-                               ps_tasks(cluster))
+                               sources.Place(cluster, 'worker', 0).tasks('ps'))
 
 
 def test_round_robin_puts_the_model_on_one_ps():
@@ -56,8 +50,9 @@ def test_a_partitioner_gives_each_ps_a_shard():
                                   mnist_data.NUM_CLASSES],
                             partitioner=tf.fixed_size_partitioner(2))
             tf.get_variable('b', [mnist_data.NUM_CLASSES])
+        ps_tasks = sources.Place(cluster, 'worker', 0).tasks('ps')
         assert placement.lines(tf.trainable_variables() + [global_step],
-                               ps_tasks(cluster)) == [
+                               ps_tasks) == [
             '/job:ps/task:0 (ps0:1) holds global_step, w/part_1: 15,688 '
             'bytes, 49.9% of the model',
             '/job:ps/task:1 (ps1:1) holds b, w/part_0: 15,720 bytes, 50.1% '
