@@ -378,9 +378,9 @@ def slow_gradients(ms, global_step):
 def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     """What this worker prints beyond the book's lines: first, where the
     model's variables live, which a chief with --logdir writes for
-    TensorBoard too; its
-    gradients' staleness, which it writes in --logdir/staleness; and the
-    chief's summaries of accuracy_op on mnist's splits."""
+    TensorBoard too; its gradients' staleness, which it writes in
+    --logdir/staleness; and the chief's summaries of accuracy_op on
+    mnist's splits."""
     def accuracy_on(split):
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     # Only the sync script's accumulators drop stale gradients.
