@@ -204,6 +204,12 @@ def pytest_configure():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Seconds a wait allows for start-up: each process pays TensorFlow's import
+# (6 to 8 CPU-s with TF 2.21), and a test may start 17 at once on 2 cores:
+# over 60 s of imports before the last one trains.
+START_UP = 180
+
+
 class Processes:
     """Processes started for one test, each in its own session so that the
     test can stop it and whatever it started; all are killed at teardown."""
@@ -277,7 +283,7 @@ class Processes:
         pytest.fail('%s never printed %r:\n%s' % (
             proc.name, pattern, self.output(proc)[-3000:]))
 
-    def wait_for_epoch(self, workers, epoch=None, timeout=60):
+    def wait_for_epoch(self, workers, epoch=None, timeout=START_UP):
         """Waits until each of workers (0, 1, ...) has printed its line of
         epoch `epoch`, or of any epoch."""
         for i, worker in enumerate(workers):

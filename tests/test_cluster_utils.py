@@ -12,7 +12,8 @@ import sys
 import pytest
 import tensorflow.compat.v1 as tf
 
-from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
+from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
+                      assert_one_error_line)
 
 from script_flags import usage_error
 import cluster_utils
@@ -25,7 +26,7 @@ def test_port_in_use(procs, free_ports, small_data):
         holder.bind(('', ports[0]))
         holder.listen()
         ps = procs.script('async', 'ps', 0, ports[:1], ports[1:])
-        procs.wait_all([ps], 60)
+        procs.wait_all([ps], START_UP)
     assert_one_error_line(procs, ps, 1, 'port %d' % ports[0], 'in use')
 
 
@@ -69,7 +70,7 @@ def test_usage_errors_as_a_run_meets_them(procs):
     cases = [TOO_FEW_WORKERS, NO_SUCH_JOB]
     bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + args,
                        'bad%d' % n) for n, (args, _) in enumerate(cases)]
-    procs.wait_all(bad, 60)
+    procs.wait_all(bad, START_UP)
     for proc, (args, words) in zip(bad, cases):
         assert_one_error_line(procs, proc, 2, *words)
 
@@ -106,7 +107,7 @@ def test_data_errors(procs, free_ports, small_data, tmp_path):
         chiefs.append(procs.script('async', 'worker', 0, ports[:1],
                                    ports[1:], '--data_dir=' + data,
                                    *SHORT_RUN, *flags, name='data%d' % n))
-    procs.wait_all(chiefs, 60)
+    procs.wait_all(chiefs, START_UP)
     for chief, (_, _, words) in zip(chiefs, DATA_ERRORS):
         assert_one_error_line(procs, chief, 1, *words)
 

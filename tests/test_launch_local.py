@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import mnist_data
-from conftest import (final_accuracies, left_running, listening, own_lines,
-                      write_dataset)
+from conftest import (START_UP, final_accuracies, left_running, listening,
+                      own_lines, write_dataset)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -83,7 +83,7 @@ def test_launcher_names_the_task_that_failed(procs, tmp_path, free_port_run,
     launcher = launch(procs, tmp_path, '-H', '-b', str(base), 'async',
                       '--data_dir=' + small_data, '--validation_size=100',
                       '--logdir=%s' % a_file)
-    procs.wait_all([launcher], 60)
+    procs.wait_all([launcher], START_UP)
     output = procs.output(launcher)
     assert launcher.returncode == 1, output
     assert SUMMARY.findall(output) == [('0', '2', 'none'), ('1', '1', 'none'),
@@ -113,7 +113,7 @@ def test_ctrl_c_stops_every_task(procs, tmp_path, free_port_run, small_data,
                       '-b', str(base), mode, '--data_dir=' + small_data,
                       '--epochs=1000', '--print_every_epochs=1',
                       '--validation_size=100')
-    procs.wait_for_output(launcher, r'^worker=2,epoch=', 60)
+    procs.wait_for_output(launcher, r'^worker=2,epoch=', START_UP)
     # In its own network namespace the cluster cannot be reached from here.
     assert listening(base) == host_network
     os.kill(launcher.pid, signum)

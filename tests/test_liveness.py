@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import (LONG_RUN, SCRIPTS, assert_clean_exit,
+from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
                       assert_interrupted, assert_one_error_line,
                       final_accuracies, listening, run_accuracy)
 
@@ -305,11 +305,11 @@ def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
                                      name=script + '-signal-')
                for script in SCRIPTS}
     for ps, workers in killed.values():
-        procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
+        procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', START_UP)
         os.kill(workers[2].pid, signal.SIGKILL)
     sent = {}
     for script, (ps, workers) in stopped.items():
-        procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', 60)
+        procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', START_UP)
         os.killpg(workers[1].pid, signals[script][0])
         sent[script] = time.time()
     for script, (ps, workers) in stopped.items():
@@ -360,7 +360,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     ps = {name: procs.script(script, 'ps', 0, ports[name][:1],
                              ports[name][1:], *flags, *extra, name=name)
           for name, (script, extra, _) in clusters.items()}
-    deadline = time.time() + 60
+    deadline = time.time() + START_UP
     while not all(listening(p[0]) for p in ports.values()):
         assert time.time() < deadline, 'a ps never came up'
         time.sleep(0.2)
@@ -375,7 +375,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                         too_few, '--logdir=%s' % a_file, name='both-')
 
     chief, worker1, worker2, evaluator = workers['logdir-']
-    procs.wait_all([chief, evaluator], 60)
+    procs.wait_all([chief, evaluator], START_UP)
     assert_one_error_line(procs, evaluator, 2,
                           '--logdir=%s: cannot write there' % a_file)
     reason = assert_one_error_line(
@@ -392,7 +392,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                      % re.escape(reason),
                      assert_clean_exit(procs, ps['logdir-'], 0), re.M)
 
-    procs.wait_all(workers['data-'], 60)
+    procs.wait_all(workers['data-'], START_UP)
     for worker in workers['data-']:  # the evaluator among them
         assert_one_error_line(procs, worker, 1, '1100 training images')
     procs.wait_all([ps['data-']], 20)
@@ -403,7 +403,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                                                            0), re.M)
 
     chief, worker1, worker2, evaluator = workers['chief-']
-    procs.wait_all([chief], 60)
+    procs.wait_all([chief], START_UP)
     reason = assert_one_error_line(procs, chief, 1,
                                    '1100 training images').split(
         ': error: ', 1)[1]
@@ -419,7 +419,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     assert_clean_exit(procs, ps['chief-'], 0)
 
     chief, worker1, worker2, evaluator = workers['sync-']
-    procs.wait_for_output(chief, r'^worker=0, final accuracy = ', 90)
+    procs.wait_for_output(chief, r'^worker=0, final accuracy = ', START_UP)
     procs.wait_all(workers['sync-'] + [ps['sync-']], 30)
     reason = assert_one_error_line(procs, worker2, 1,
                                    '1100 training images').split(
@@ -438,7 +438,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     assert len(re.findall(r': the model at global_step=30 is exported '
                           r'already, to ', outputs)) == 1
 
-    procs.wait_all([both], 60)
+    procs.wait_all([both], START_UP)
     assert_one_error_line(procs, both, 1, '1100 training images')
     assert not listening(lone[1])
 

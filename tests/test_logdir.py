@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import (SCRIPTS, SHORT_RUN, assert_clean_exit,
+from conftest import (SCRIPTS, SHORT_RUN, START_UP, assert_clean_exit,
                       assert_one_error_line, evaluations, final_accuracies,
                       listening)
 from launcher.compare import TIMING
@@ -412,8 +412,8 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     chiefs = {}
     for script, (flags, ports, (ps, workers)) in runs.items():
         assert procs.wait_for_output(workers[0], r'^worker=0: initialized '
-                                     r'the model$', 60)
-        procs.wait_for_output(workers[1], r'^worker=1,epoch=20,', 60)
+                                     r'the model$', START_UP)
+        procs.wait_for_output(workers[1], r'^worker=1,epoch=20,', START_UP)
         os.kill(workers[0].pid, signal.SIGKILL)
         workers[0].wait()
         chiefs[script] = procs.script(script, 'worker', 0, ports[:1],
@@ -423,7 +423,7 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     # neither initializes it again nor restores an older one.
     joined = procs.wait_for_output(
         chiefs['async'], r'^worker=0: joined the live model on the ps at '
-                         r'global_step=(\d+)$', 60)
+                         r'global_step=(\d+)$', START_UP)
     assert int(joined.group(1)) > 200
     procs.wait_all([p for s, (_, _, (ps, workers)) in runs.items()
                     for p in [chiefs[s]] + workers[1:] + [ps]], 180)
@@ -482,7 +482,7 @@ def test_unwritable_logdir(procs, free_ports, small_data, tmp_path):
     chief = procs.script('async', 'worker', 0, ports[:1], ports[1:],
                          '--data_dir=' + small_data,
                          '--logdir=%s' % (not_a_dir / 'logdir'), *SHORT_RUN)
-    procs.wait_all([chief], 60)
+    procs.wait_all([chief], START_UP)
     assert_one_error_line(procs, chief, 2,
                           '--logdir=%s' % (not_a_dir / 'logdir'),
                           'cannot write there')

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, SHORT_RUN, assert_one_error_line
+from conftest import REPO, SHORT_RUN, START_UP, assert_one_error_line
 from ps_cluster import exits, probes
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -126,10 +126,10 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
                                 name='lost-ps-')
                    for index, p in enumerate(lost)]
         for port in answering:
-            port.settimeout(60)
+            port.settimeout(START_UP)
             port.accept()[0].close()
     procs.wait_all(lost_ps, 30)
-    procs.wait_all([no_ps, tilde] + no_chief, 60, since=started)
+    procs.wait_all([no_ps, tilde] + no_chief, START_UP, since=started)
     assert_one_error_line(procs, no_ps, 1, '/job:ps/task:0',
                           'did not come up within 3 s')
     assert_one_error_line(procs, tilde, 1, '/job:ps/task:0',

@@ -20,7 +20,8 @@ import warnings
 
 import pytest
 
-from conftest import FINAL_STEP, assert_clean_exit, final_accuracies, ps_port
+from conftest import (FINAL_STEP, START_UP, assert_clean_exit,
+                      final_accuracies, ps_port)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -179,13 +180,13 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
             run['started'] = time.time()
         for run in due:
             run['restored'] = int(procs.wait_for_output(
-                run['workers'][0], RESTORED, 60, count=restart,
+                run['workers'][0], RESTORED, START_UP, count=restart,
                 since=run['started']).group(1))
             assert run['restored'] > 0
             for i, worker in enumerate(run['workers']):
                 resumed = procs.wait_for_output(
                     worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
-                    60, count=restart, since=run['started'])
+                    START_UP, count=restart, since=run['started'])
                 assert int(resumed.group(1)) >= run['restored']
     procs.wait_all([p for run in runs for p in run['workers'] + run['ps']],
                    300)

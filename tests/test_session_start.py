@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from conftest import SHORT_RUN, assert_clean_exit, assert_one_error_line
+from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
+                      assert_one_error_line)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -192,9 +193,9 @@ def test_unreadable_checkpoint_ends_every_worker(procs, free_ports,
     ps, chief, worker1 = task('ps', 0), task('worker', 0), task('worker', 1)
     # Worker 1 may wait for the model when the chief leaves, or come after;
     # worker 2 comes after, and counts no departure of the chief's.
-    procs.wait_all([chief], 60)
+    procs.wait_all([chief], START_UP)
     workers = [chief, worker1, task('worker', 2)]
-    procs.wait_all(workers + [ps], 30)
+    procs.wait_all(workers + [ps], START_UP)
     assert_one_error_line(procs, workers[0], 1,
                           'cannot restore the checkpoint %s'
                           % (logdir / 'model.ckpt-10'),

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import LONG_RUN, assert_clean_exit, final_accuracies
+from conftest import LONG_RUN, START_UP, assert_clean_exit, final_accuracies
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -134,12 +134,12 @@ def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
     flags = ['--data_dir=' + small_data] + LONG_RUN[1:] + [
         '--step_delay_ms=20', '--epochs=60']
     ps, workers = procs.cluster('sync', lambda n: ports, *flags)
-    procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', 60)
+    procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', START_UP)
     os.kill(workers[2].pid, signal.SIGKILL)
     workers[2].wait()
     again = procs.script('sync', 'worker', 2, ports[:1], ports[1:], *flags)
     started = procs.wait_for_output(
-        again, r'^worker=2, starting at global_step=(\d+)$', 60)
+        again, r'^worker=2, starting at global_step=(\d+)$', START_UP)
     assert int(started.group(1)) > 0
     procs.wait_all(workers[:2] + [again, ps], 120)
     for i, worker in enumerate(workers[:2] + [again]):
