@@ -2,6 +2,7 @@
 processes."""
 
 import contextlib
+import glob
 import gzip
 import http.server
 import os
@@ -314,19 +315,38 @@ class Processes:
             proc.err.close()
 
 
+def _states(stat_path):
+    with open(stat_path) as f:
+        return f.read().rsplit(')', 1)[1].split()
+
+
 def left_running(proc):
-    """The live processes of proc's session (the launcher's children too)."""
+    """The live processes of proc's session (the launcher's children too):
+    a zombie too while a thread of it still runs, since that thread may
+    still hold its sockets."""
     alive = []
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
-            with open('/proc/%s/stat' % pid) as f:
-                fields = f.read().rsplit(')', 1)[1].split()
+            fields = _states('/proc/%s/stat' % pid)
+            threads = [_states(path)[0] for path in
+                       glob.glob('/proc/%s/task/*/stat' % pid)]
         except OSError:
             continue
-        state, session = fields[0], int(fields[3])
-        if session == proc.pid and state != 'Z':
+        if int(fields[3]) == proc.pid and any(s != 'Z' for s in threads):
             alive.append(int(pid))
     return alive
+
+
+def listeners(ports):
+    """What `ss` says holds each of ports that still listens: the message
+    of an assertion that none does."""
+    ports = [str(port) for port in ports if listening(port)]
+    if not ports:
+        return []
+    table = subprocess.run(['ss', '-ltnpH'], capture_output=True,
+                           text=True).stdout.splitlines()
+    return [line for line in table
+            if any(':%s ' % port in line for port in ports)] or ports
 
 
 @pytest.fixture

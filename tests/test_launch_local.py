@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import mnist_data
-from conftest import (START_UP, final_accuracies, left_running, listening,
-                      own_lines, write_dataset)
+from conftest import (START_UP, final_accuracies, left_running, listeners,
+                      listening, own_lines, write_dataset)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -56,7 +56,7 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
     assert set(final_accuracies(output)) == {0, 1, 2}
     assert 'oneDNN' not in output
     assert left_running(launcher) == []
-    assert not any(listening(port) for port in range(base, base + 4))
+    assert listeners(range(base, base + 4)) == []
 
 
 def test_launcher_reports_failure(procs, tmp_path, free_port_run):
@@ -70,7 +70,7 @@ def test_launcher_reports_failure(procs, tmp_path, free_port_run):
     assert SUMMARY.findall(output) == [('0', '1', 'none'), ('1', '1', 'none')]
     assert 'worker0.log' in os.listdir(tmp_path / 'run')
     assert left_running(launcher) == []
-    assert not any(listening(port) for port in range(base, base + 3))
+    assert listeners(range(base, base + 3)) == []
 
 
 def test_launcher_names_the_task_that_failed(procs, tmp_path, free_port_run,
@@ -120,8 +120,14 @@ def test_ctrl_c_stops_every_task(procs, tmp_path, free_port_run, small_data,
     procs.wait_all([launcher], 20)
     assert launcher.returncode == 130, procs.output(launcher)
     assert 'interrupted, stopping every task' in procs.output(launcher)
+    # Each task's log ends with its own line, and nothing else is said.
+    logs = tmp_path / 'run' / ('async' if mode == 'compare' else '')
+    for job, index in [('ps', 0), ('worker', 0), ('worker', 1), ('worker', 2)]:
+        log = (logs / ('%s%d.log' % (job, index))).read_text()
+        assert log.endswith('/job:%s/task:%d: interrupted\n' % (job, index))
+    assert 'Terminated' not in procs.output(launcher)
     assert left_running(launcher) == []
-    assert not any(listening(port) for port in range(base, base + 4))
+    assert listeners(range(base, base + 4)) == []
 
 
 def test_launcher_downloads_before_it_enters_its_namespace(
