@@ -327,13 +327,17 @@ def left_running(proc):
     alive = []
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
-            fields = _states('/proc/%s/stat' % pid)
-            threads = [_states(path)[0] for path in
-                       glob.glob('/proc/%s/task/*/stat' % pid)]
-        except OSError:
+            if int(_states('/proc/%s/stat' % pid)[3]) != proc.pid:
+                continue
+        except OSError:  # it has ended
             continue
-        if int(fields[3]) == proc.pid and any(s != 'Z' for s in threads):
-            alive.append(int(pid))
+        for path in glob.glob('/proc/%s/task/*/stat' % pid):
+            try:
+                if _states(path)[0] != 'Z':
+                    alive.append(int(pid))
+                    break
+            except OSError:  # that thread has ended
+                pass
     return alive
 
 
@@ -343,8 +347,11 @@ def listeners(ports):
     ports = [str(port) for port in ports if listening(port)]
     if not ports:
         return []
-    table = subprocess.run(['ss', '-ltnpH'], capture_output=True,
-                           text=True).stdout.splitlines()
+    try:
+        table = subprocess.run(['ss', '-ltnpH'], capture_output=True,
+                               text=True).stdout.splitlines()
+    except OSError:  # no iproute2: the ports alone
+        return ports
     return [line for line in table
             if any(':%s ' % port in line for port in ports)] or ports
 
