@@ -315,7 +315,7 @@ class Processes:
             proc.err.close()
 
 
-def _states(stat_path):
+def _stat_fields(stat_path):
     with open(stat_path) as f:
         return f.read().rsplit(')', 1)[1].split()
 
@@ -327,13 +327,13 @@ def left_running(proc):
     alive = []
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
-            if int(_states('/proc/%s/stat' % pid)[3]) != proc.pid:
+            if int(_stat_fields('/proc/%s/stat' % pid)[3]) != proc.pid:
                 continue
         except OSError:  # it has ended
             continue
         for path in glob.glob('/proc/%s/task/*/stat' % pid):
             try:
-                if _states(path)[0] != 'Z':
+                if _stat_fields(path)[0] != 'Z':
                     alive.append(int(pid))
                     break
             except OSError:  # that thread has ended
