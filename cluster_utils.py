@@ -19,7 +19,7 @@ from absl import flags
 
 import mnist_data
 from ps_cluster import (errors, evaluator, exits, liveness, placement,
-                        server, sources)
+                        probes, server, sources)
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import Exists, export_saved_model
 from ps_cluster.logdir import Logdir
@@ -104,8 +104,8 @@ flags.DEFINE_string('export_dir', None,
 flags.DEFINE_enum('eval_split', 'test', ['test', 'validation'],
                   'The split an evaluator measures each checkpoint on.')
 flags.DEFINE_float('eval_timeout', 300,
-                   'Seconds an evaluator waits for a new checkpoint before '
-                   'it gives up.')
+                   'Seconds an evaluator waits for a new checkpoint once '
+                   'the chief no longer answers, before it gives up.')
 for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
               'worker_timeout', 'save_checkpoint_secs'):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
@@ -279,7 +279,7 @@ def check_logdir():
     logdir = _chief_logdir()
     if logdir:
         _check(logdir)
-        logdir.forget_left()
+        logdir.forget_ended()
 
 
 def _check(logdir):
@@ -397,16 +397,19 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
 
 def evaluate(model, loss_and_accuracy, mnist, last_step):
     """An evaluator's run: each new checkpoint in --logdir, measured on
-    --eval_split, until the one at last_step; then, with --export_dir, its
-    SavedModel. It ends the task; first, one line if it cannot write its
-    summaries in --logdir."""
+    --eval_split, until the run's last, at last_step or where the chief
+    ended; then, with --export_dir, its SavedModel. It waits while the chief
+    answers, and --eval_timeout after. It ends the task; first, one line if
+    it cannot write its summaries in --logdir."""
     _check(Logdir(FLAGS.logdir, _task_name()))
     split = getattr(mnist, FLAGS.eval_split)
+    chief = _place.cluster.task_address('worker', 0)
     evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
                      FLAGS.logdir, last_step, FLAGS.eval_timeout,
                      mnist_data.IMAGE_PIXELS,
                      on_last=lambda step, values: _export(
-                         model, values, step, mnist.test))
+                         model, values, step, mnist.test),
+                     chief_answers=lambda: probes.answers(chief))
     _end.leave()
 
 

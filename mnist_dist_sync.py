@@ -119,7 +119,10 @@ def main(_):
     with tf.device(tf.train.replica_device_setter(
             worker_device='/job:worker/task:%d' % FLAGS.task_index,
             cluster=cluster)):
-        global_step = tf.train.get_or_create_global_step()
+        # PS: each update adds one to the global step under its lock (a
+        # resource variable's): two at once count two.
+        with tf.variable_scope(tf.get_variable_scope(), use_resource=True):
+            global_step = tf.train.get_or_create_global_step()
 
         x_p = tf.placeholder(tf.float32, [None, mnist_data.IMAGE_PIXELS])
         y_p = tf.placeholder(tf.float32, [None, mnist_data.NUM_CLASSES])

@@ -1,6 +1,6 @@
 """The evaluator: a task outside the cluster that follows the chief's
 checkpoints as they appear, measures each on a split of the data, and ends
-once it has measured the run's last step."""
+once it has measured the run's last checkpoint."""
 
 import os
 import time
@@ -9,21 +9,22 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
 from ps_cluster.exits import TaskFailed
-from ps_cluster.logdir import chief_left
+from ps_cluster.logdir import chief_done, chief_left
 
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
 
 
 def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
-           timeout, pixels, on_last=None):
+           timeout, pixels, on_last=None, chief_answers=lambda: False):
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
-    logdir/eval. Returns once a checkpoint at last_step or beyond is
-    measured (then on_last(step, {name: value}) is called); raises
-    TaskFailed, saying why, when no new checkpoint came for `timeout`
-    seconds, or once the chief has left on purpose (it says why in
-    logdir).
+    logdir/eval. Returns once it has measured the run's last checkpoint: one
+    at last_step or beyond, or the one the chief said it ended its run at
+    (a run whose workers did not all finish ends short of last_step); then
+    on_last(step, {name: value}) is called. Raises TaskFailed, saying why,
+    once the chief has left on purpose (it says why in logdir), or when for
+    `timeout` seconds no new checkpoint came and chief_answers() said no.
 
     model(images) builds the logits, with the variables the checkpoints
     hold, and loss_and_accuracy(logits, labels) what is measured, as the
@@ -42,14 +43,27 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
               % (logdir, split_name, len(split.images), last_step),
               flush=True)
         started = _process_start()
-        measured, came = -1, [time.time()]
+        measured, heard = -1, [time.time()]
+
+        def at_the_end():
+            done = chief_done(logdir, started)
+            return measured >= min(last_step, done if done is not None
+                                   else last_step)
+
+        def waited_out():
+            """Whether to stop waiting: at the end, once the chief left,
+            or `timeout` after the last checkpoint or answer of the
+            chief."""
+            if chief_answers():
+                heard[0] = time.time()
+            return (at_the_end() or chief_left(logdir, started) is not None
+                    or time.time() - heard[0] >= timeout)
+
         # checkpoints_iterator calls timeout_fn after each checkpoint, and
         # after each POLL_SECS without one.
         for latest in tf.train.checkpoints_iterator(
-                logdir, timeout=POLL_SECS,
-                timeout_fn=lambda: time.time() - came[0] >= timeout or (
-                    chief_left(logdir, started) is not None)):
-            came[0] = time.time()
+                logdir, timeout=POLL_SECS, timeout_fn=waited_out):
+            heard[0] = time.time()
             # Each checkpoint the chief kept since the last one measured, not
             # only the latest: several may come between two polls.
             for path in _kept_since(logdir, measured, latest):
@@ -72,21 +86,21 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                     tf.Summary.Value(tag='accuracy',
                                      simple_value=accuracy_value)]), measured)
                 writer.flush()
-                if measured >= last_step:
-                    if on_last:
-                        on_last(measured, {
-                            v.op.name: value for v, value in zip(
-                                tf.global_variables(),
-                                sess.run(tf.global_variables()))})
-                    writer.close()
-                    return
+            if at_the_end():
+                break
         writer.close()
+        if at_the_end():
+            if on_last:
+                on_last(measured, {v.op.name: value for v, value in zip(
+                    tf.global_variables(), sess.run(tf.global_variables()))})
+            return
     reason = chief_left(logdir, started)
     if reason is not None:
         raise TaskFailed('the chief, /job:worker/task:0, left before '
                          'global_step=%d: "%s"' % (last_step, reason))
-    raise TaskFailed('no new checkpoint in %s for %g s (--eval_timeout), '
-                     'before global_step=%d' % (logdir, timeout, last_step))
+    raise TaskFailed('no new checkpoint in %s, and no answer from the chief, '
+                     'for %g s (--eval_timeout), before global_step=%d'
+                     % (logdir, timeout, last_step))
 
 
 def _process_start():

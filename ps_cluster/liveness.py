@@ -103,8 +103,10 @@ def _left_before_the_model(beats, global_step):
     with tf.device(beats.device):
         left = has_left(beats[0])
     with tf.device(global_step.device):
+        # Of its kind: a ref and a resource variable of one name are two.
         step = tf.Variable(0, dtype=global_step.dtype.base_dtype,
-                           name=global_step.op.name, trainable=False)
+                           name=global_step.op.name, trainable=False,
+                           use_resource=global_step.op.type == 'VarHandleOp')
         ready = tf.is_variable_initialized(step)
     return tf.logical_and(left, tf.logical_not(ready))
 

@@ -12,14 +12,26 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors
 
 
-# Why the chief left on purpose, for an evaluator that follows the logdir.
-CHIEF_LEFT = 'chief_left'
+# Why the chief left on purpose, and the step of its last checkpoint once it
+# ended its run: for an evaluator that follows the logdir.
+CHIEF_LEFT, CHIEF_DONE = 'chief_left', 'chief_done'
 
 
 def chief_left(path, since):
     """Why the chief left on purpose, if it did after `since` (a time), as
     it wrote in the logdir at path; else None."""
-    marker = os.path.join(path, CHIEF_LEFT)
+    return _marker(path, CHIEF_LEFT, since)
+
+
+def chief_done(path, since):
+    """The global step of the chief's last checkpoint, if it ended its run
+    after `since` (a time); else None."""
+    step = _marker(path, CHIEF_DONE, since)
+    return int(step) if step else None
+
+
+def _marker(path, name, since):
+    marker = os.path.join(path, name)
     try:
         if os.path.getmtime(marker) < since:
             return None
@@ -71,33 +83,49 @@ class Logdir:
             raise ValueError('--logdir=%s: cannot write there (%s)'
                              % (self.path, errors.what_went_wrong(e)))
 
-    def forget_left(self):
-        """A chief that starts again removes why an earlier one left."""
-        marker = os.path.join(self.path, CHIEF_LEFT)
-        if tf.io.gfile.exists(marker):
-            tf.io.gfile.remove(marker)
+    def forget_ended(self):
+        """A chief that starts again removes how an earlier one ended."""
+        for name in (CHIEF_LEFT, CHIEF_DONE):
+            marker = os.path.join(self.path, name)
+            if tf.io.gfile.exists(marker):
+                tf.io.gfile.remove(marker)
 
     def say_left(self, reason):
         """Writes why the chief leaves on purpose, where an evaluator looks,
         if need be in a logdir not made yet (it failed before); a logdir
         that cannot take it is one the evaluator cannot use either."""
+        self._say(CHIEF_LEFT, reason)
+
+    def say_done(self, step):
+        """Writes the step of the chief's last checkpoint as it ends its
+        run: the evaluator's last, however far the run got."""
+        self._say(CHIEF_DONE, str(step))
+
+    def _say(self, name, text):
+        """Writes text into the marker `name` whole, or not at all."""
         try:
             os.makedirs(self.path, exist_ok=True)
-            with open(os.path.join(self.path, CHIEF_LEFT), 'w') as f:
-                f.write(reason)
+            marker = os.path.join(self.path, name)
+            with open(marker + '.new', 'w') as f:
+                f.write(text)
+            os.replace(marker + '.new', marker)
         except OSError:
             pass
 
     def save_checkpoint(self, sv, sess):
-        """The chief's checkpoint; one that fails is one line, and training
-        goes on."""
+        """The chief's checkpoint, and its global step; one that fails is
+        one line, and training goes on: None."""
         try:
-            sv.saver.save(sess, sv.save_path, global_step=sv.global_step)
+            path = sv.saver.save(sess, sv.save_path,
+                                 global_step=sv.global_step)
         except (tf.errors.OpError, ValueError) as e:
             # ValueError: the logdir is no folder any more; a lost ps the
             # main thread waits for.
             if not errors.is_lost(e):
                 self.failed('save a checkpoint', e)
+            return None
+        # Saver names it model.ckpt-STEP.
+        return int(path.rpartition('-')[2])
 
     def close_summaries(self, writer):
         """Closes the summary writer, or gives up on it after CLOSE_SECS

@@ -98,7 +98,9 @@ class RecoverableSession:
         with self.stall.waiting_in('the end of the session'):
             if self.logdir:  # the chief: a last checkpoint, of the last step
                 self.watchdog.wait_for_the_others()
-                self.logdir.save_checkpoint(self.sv, self.session)
+                step = self.logdir.save_checkpoint(self.sv, self.session)
+                if step is not None:
+                    self.logdir.say_done(step)
             self.watchdog.pause()
             self.sv.request_stop()
             # A thread that failed leaves the session to the error's end.

@@ -69,9 +69,10 @@ def chief(logdir):
         yield save
 
 
-def follow(logdir, last_step, timeout=30, on_last=None):
+def follow(logdir, last_step, timeout=30, on_last=None,
+           chief_answers=lambda: False):
     evaluator.follow(model, loss_and_accuracy, SPLIT, 'validation', logdir,
-                     last_step, timeout, PIXELS, on_last)
+                     last_step, timeout, PIXELS, on_last, chief_answers)
 
 
 def evaluated(logdir):
@@ -191,7 +192,8 @@ def test_no_new_checkpoint_for_the_timeout_fails(tmp_path, capsys):
     with pytest.raises(TaskFailed) as failed:
         follow(logdir, 30, timeout=0.5)
     assert failed.value.message == (
-        'no new checkpoint in %s for 0.5 s (--eval_timeout), before '
+        'no new checkpoint in %s, and no answer from the chief, '
+        'for 0.5 s (--eval_timeout), before '
         'global_step=30' % logdir)
     # It measured the one there was.
     assert [s for s, *_ in MEASURED.findall(capsys.readouterr().out)] == [
@@ -202,8 +204,56 @@ def test_no_checkpoint_at_all_for_the_timeout_fails(tmp_path):
     with pytest.raises(TaskFailed) as failed:
         follow(str(tmp_path), 30, timeout=0.5)
     assert failed.value.message == (
-        'no new checkpoint in %s for 0.5 s (--eval_timeout), before '
+        'no new checkpoint in %s, and no answer from the chief, '
+        'for 0.5 s (--eval_timeout), before '
         'global_step=30' % tmp_path)
+
+
+def test_a_run_that_ended_short_ends_it_at_the_chiefs_last_step(
+        tmp_path, capsys):
+    # A worker that failed took its steps with it: the chief ended at 20.
+    logdir = str(tmp_path)
+    last = []
+    with chief(logdir) as save:
+        save(10, 0)
+        save(20, 1)
+    Logdir(logdir, '/job:worker/task:0').say_done(20)
+    started = time.time()
+    follow(logdir, 30, timeout=60, on_last=lambda *args: last.append(args))
+    assert time.time() - started < 30  # at a poll, not the timeout
+    assert [s for s, *_ in MEASURED.findall(capsys.readouterr().out)] == [
+        '10', '20']
+    [(step, values)] = last
+    assert step == 20 and values['global_step'] == 20
+
+
+def test_the_chiefs_last_step_waits_for_its_checkpoint(tmp_path, capsys):
+    # The word may come before the checkpoint it names is found.
+    logdir = str(tmp_path)
+    last = []
+    with chief(logdir) as save:
+        save(10, 0)
+        Logdir(logdir, '/job:worker/task:0').say_done(20)
+        saving = threading.Timer(0.5, save, (20, 1))
+        saving.start()
+        follow(logdir, 30, timeout=60, on_last=lambda *args: last.append(args))
+        saving.join()
+    assert [step for step, _ in last] == [20]
+
+
+def test_it_waits_while_the_chief_answers(tmp_path, capsys):
+    # No checkpoint for 4 timeouts, the chief alive: it waits, and the next
+    # one, the last, ends it.
+    logdir = str(tmp_path)
+    last = []
+    with chief(logdir) as save:
+        save(10, 0)
+        saving = threading.Timer(2, save, (30, 1))
+        saving.start()
+        follow(logdir, 30, timeout=0.5, chief_answers=lambda: True,
+               on_last=lambda *args: last.append(args))
+        saving.join()
+    assert [step for step, _ in last] == [30]
 
 
 def test_a_chief_that_left_ends_it(tmp_path, capsys):

@@ -24,7 +24,7 @@ from launcher.compare import TIMING
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster.logdir import Logdir, chief_left  # noqa: E402
+from ps_cluster.logdir import Logdir, chief_done, chief_left  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -63,13 +63,23 @@ def test_chief_left_is_the_reason_only_if_newer_than_since(tmp_path):
     assert chief_left(str(tmp_path), 1001) is None
 
 
-def test_forget_left_removes_the_marker(tmp_path):
+def test_forget_ended_removes_both_markers(tmp_path):
     logdir = Logdir(str(tmp_path), CHIEF)
     logdir.say_left('interrupted')
-    logdir.forget_left()
+    logdir.say_done(90)
+    assert chief_done(str(tmp_path), 0) == 90
+    logdir.forget_ended()
     assert os.listdir(tmp_path) == []
     assert chief_left(str(tmp_path), 0) is None
-    logdir.forget_left()  # none to remove: nothing to say
+    assert chief_done(str(tmp_path), 0) is None
+    logdir.forget_ended()  # none to remove: nothing to say
+
+
+def test_chief_done_is_its_last_step_only_if_newer_than_since(tmp_path):
+    Logdir(str(tmp_path), CHIEF).say_done(60)
+    os.utime(tmp_path / 'chief_done', (1000, 1000))
+    assert chief_done(str(tmp_path), 1000) == 60
+    assert chief_done(str(tmp_path), 1001) is None
 
 
 def test_say_left_makes_a_logdir_not_made_yet(tmp_path):
