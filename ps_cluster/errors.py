@@ -32,8 +32,10 @@ def what_went_wrong(error):
     lines = getattr(error, 'message', str(error)).splitlines()
     nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
     after = lines[nodes[-1] + 1:] if nodes else []
-    after = [line for line in after if not re.fullmatch(r'From /job:\S+:',
-                                                         line)]
+    # Several errors at once come between rules, each after its status and
+    # task.
+    after = [line for line in after if not re.fullmatch(
+        r'(\w+: )?From /job:\S+:|=+', line)]
     return after[0] if after else lines[0]
 
 

@@ -13,16 +13,21 @@ from ps_cluster.logdir import chief_done, chief_left
 
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
+# Without the chief's word, how many polls with neither a checkpoint nor an
+# answer of the chief's make it gone: one probe can miss a busy chief that
+# is still saving its last checkpoint.
+SILENT_POLLS = 3
 
 
 def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
            timeout, pixels, on_last=None, chief_answers=lambda: False):
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
-    logdir/eval. Returns once it has measured the run's last checkpoint: one
-    at last_step or beyond, or the one the chief said it ended its run at
-    (a run whose workers did not all finish ends short of last_step); then
-    on_last(step, {name: value}) is called. Raises TaskFailed, saying why,
+    logdir/eval. Returns once it has measured the run's last checkpoint: the
+    one the chief said it ended its run at (short of last_step where a
+    worker failed, past it in an async run resumed), or, with no word from
+    the chief, one at last_step or beyond once the chief no longer answers;
+    then on_last(step, {name: value}) is called. Raises TaskFailed, saying why,
     once the chief has left on purpose (it says why in logdir), or when for
     `timeout` seconds no new checkpoint came and chief_answers() said no.
 
@@ -43,27 +48,36 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
               % (logdir, split_name, len(split.images), last_step),
               flush=True)
         started = _process_start()
-        measured, heard = -1, [time.time()]
+        measured, heard, ended = -1, time.time(), False
 
         def at_the_end():
+            """Whether the run's last checkpoint is measured: the one the
+            chief said it ended at; without its word, one at last_step or
+            beyond once the chief has been silent SILENT_POLLS polls (an
+            async run resumed goes on past last_step, to an epoch's
+            start)."""
             done = chief_done(logdir, started)
-            return measured >= min(last_step, done if done is not None
-                                   else last_step)
+            if done is not None:
+                return measured >= done
+            return (measured >= last_step
+                    and time.time() - heard >= SILENT_POLLS * POLL_SECS)
 
         def waited_out():
             """Whether to stop waiting: at the end, once the chief left,
             or `timeout` after the last checkpoint or answer of the
             chief."""
+            nonlocal heard, ended
             if chief_answers():
-                heard[0] = time.time()
-            return (at_the_end() or chief_left(logdir, started) is not None
-                    or time.time() - heard[0] >= timeout)
+                heard = time.time()
+            ended = at_the_end()
+            return (ended or chief_left(logdir, started) is not None
+                    or time.time() - heard >= timeout)
 
         # checkpoints_iterator calls timeout_fn after each checkpoint, and
         # after each POLL_SECS without one.
         for latest in tf.train.checkpoints_iterator(
                 logdir, timeout=POLL_SECS, timeout_fn=waited_out):
-            heard[0] = time.time()
+            heard = time.time()
             # Each checkpoint the chief kept since the last one measured, not
             # only the latest: several may come between two polls.
             for path in _kept_since(logdir, measured, latest):
@@ -86,10 +100,12 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                     tf.Summary.Value(tag='accuracy',
                                      simple_value=accuracy_value)]), measured)
                 writer.flush()
-            if at_the_end():
+            ended = at_the_end()
+            if ended:
                 break
         writer.close()
-        if at_the_end():
+        # As decided in the loop: the chief's word may come after.
+        if ended:
             if on_last:
                 on_last(measured, {v.op.name: value for v, value in zip(
                     tf.global_variables(), sess.run(tf.global_variables()))})

@@ -26,6 +26,15 @@ from ps_cluster import errors
      "'save/RestoreV2'\nFrom /job:worker/replica:0/task:0:\nnot an sstable "
      "(bad magic number)\n\t [[{{node save/RestoreV2}}]]",
      'not an sstable (bad magic number)'),
+    # The same, the worker and the ps both failing their part of it: two
+    # errors, each with its status and task, between rules.
+    ("Graph execution error:\n\nDetected at node 'save/RestoreV2' defined "
+     "at (most recent call last):\nNode: 'save/RestoreV2'\n"
+     "=====================\nDATA_LOSS: From /job:worker/replica:0/task:0:\n"
+     "not an sstable (bad magic number)\n\t [[{{node save/RestoreV2}}]]\n"
+     "DATA_LOSS: From /job:ps/replica:0/task:0:\nnot an sstable (bad magic "
+     "number)\n\t [[{{node save/RestoreV2}}]]\n=====================",
+     'not an sstable (bad magic number)'),
 ])
 def test_what_went_wrong(message, line):
     assert errors.what_went_wrong(RuntimeError(message)) == line

@@ -242,18 +242,43 @@ def test_the_chiefs_last_step_waits_for_its_checkpoint(tmp_path, capsys):
 
 
 def test_it_waits_while_the_chief_answers(tmp_path, capsys):
-    # No checkpoint for 4 timeouts, the chief alive: it waits, and the next
-    # one, the last, ends it.
+    # No checkpoint for 4 timeouts, the chief alive: it waits; the chief
+    # ends at 35, past the last step, as an async run resumed may.
     logdir = str(tmp_path)
     last = []
     with chief(logdir) as save:
         save(10, 0)
-        saving = threading.Timer(2, save, (30, 1))
-        saving.start()
+
+        def end():
+            save(30, 1)
+            save(35, 1)
+            Logdir(logdir, '/job:worker/task:0').say_done(35)
+        ending = threading.Timer(2, end)
+        ending.start()
         follow(logdir, 30, timeout=0.5, chief_answers=lambda: True,
                on_last=lambda *args: last.append(args))
-        saving.join()
-    assert [step for step, _ in last] == [30]
+        ending.join()
+    assert [step for step, _ in last] == [35]
+
+
+def test_the_chiefs_word_after_a_missed_answer_is_heeded(tmp_path,
+                                                       capsys):
+    # At the last step, the chief not answering one probe as it saves its
+    # last checkpoint, 35, and says so: the evaluator ends there.
+    logdir = str(tmp_path)
+    last = []
+    with chief(logdir) as save:
+        save(30, 1)
+
+        def busy_chief():
+            if not last:
+                save(35, 1)
+                Logdir(logdir, '/job:worker/task:0').say_done(35)
+                last.append('saved')
+            return False
+        follow(logdir, 30, timeout=60, chief_answers=busy_chief,
+               on_last=lambda *args: last.append(args))
+    assert [step for step, _ in last[1:]] == [35]
 
 
 def test_a_chief_that_left_ends_it(tmp_path, capsys):
