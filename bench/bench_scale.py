@@ -55,11 +55,12 @@ def measure(num_workers):
                '--worker=' + ','.join('localhost:%d' % p for p in ports[1:])]
     shared = ['--%s=%s' % (name, FLAGS[name].value)
               for name in bench.SHARED_FLAGS if name != 'epochs']
-    command = ([sys.executable, 'mnist_dist_async.py', '--epochs=100000',
-                '--step_delay_ms=%d' % FLAGS.task_step_delay_ms]
-               + cluster + shared)
-    tasks = [Task(command + ['--job_name=ps'])] + [
-        Task(command + ['--job_name=worker', '--task_index=%d' % i])
+    flags = (['--epochs=100000',
+              '--step_delay_ms=%d' % FLAGS.task_step_delay_ms]
+             + cluster + shared)
+    tasks = [Task('mnist_dist_async.py', flags + ['--job_name=ps'])] + [
+        Task('mnist_dist_async.py',
+             flags + ['--job_name=worker', '--task_index=%d' % i])
         for i in range(num_workers)]
     try:
         deadline = time.time() + 600

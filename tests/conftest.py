@@ -1,7 +1,22 @@
-"""Fixtures: free ports, IDX data sets, an HTTP mirror, and tasks run as real
-processes."""
+"""Fixtures: free ports, IDX data sets, an HTTP mirror, in-process servers,
+and tasks run as processes.
+
+How a test starts tasks:
+- In-process (a module's logic that needs servers but no cluster of
+  processes): shared_cluster(), this run's one set of servers, emptied for
+  each test; cluster_of() and small_model.server() where a test needs a
+  fresh ps or a task that is not up yet (small_model.py).
+- A cluster of processes: procs.cluster() and procs.script() fork each task
+  from a forkserver that imported TensorFlow once (bench/forked.py): its own
+  process, pid, session, signals, ports, exit status and log.
+- A real process, `python SCRIPT` (procs.start()): where the
+  test is about the command line or start-up itself (--help, usage errors,
+  launch_local.sh, whose runs are each script's plain cluster, Slurm,
+  containers, TF 1.15), or measures a task's threads or memory.
+"""
 
 import contextlib
+import functools
 import glob
 import gzip
 import http.server
@@ -18,6 +33,7 @@ import uuid
 import numpy as np
 import pytest
 
+from bench import forked
 from launcher.compare import STALENESS, counts
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +48,16 @@ EVALUATED = re.compile(r'^evaluator: global_step=(\d+), loss=\S+, '
 # older one (2.16).
 TF_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before|'
                          r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )')
+
+
+@functools.lru_cache(maxsize=None)
+def script_help(script):
+    """What `python mnist_dist_{script}.py --help` prints, and its exit
+    status: run once a session, as a user runs it."""
+    ran = subprocess.run([sys.executable, 'mnist_dist_%s.py' % script,
+                          '--help'], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    return ran.stdout, ran.stderr, ran.returncode
 
 
 def own_lines(stderr):
@@ -95,6 +121,15 @@ def _free_ports(n):
 def free_ports():
     """free_ports(n): n distinct ports that nothing listens on right now."""
     return _free_ports
+
+
+@pytest.fixture
+def shared_cluster(free_ports):
+    """shared_cluster(num_ps=1, num_workers=2): a ClusterSpec of this run's
+    shared in-process servers, their containers emptied (small_model.py)."""
+    import small_model  # TensorFlow: for the in-process tests alone
+    return lambda num_ps=1, num_workers=2: small_model.shared_cluster(
+        free_ports, num_ps, num_workers)
 
 
 @pytest.fixture
@@ -193,6 +228,13 @@ def _output_file(path):
     return output
 
 
+@pytest.fixture(scope='session', autouse=True)
+def forkserver():
+    """The forkserver of the tasks that share TensorFlow's import, started
+    at once: it imports while the first tests run."""
+    forked.warm_up()
+
+
 def pytest_configure():
     # A suite run in the background (nohup, some CI runners) has SIGINT
     # ignored, which every task it starts would inherit, and bash cannot
@@ -231,15 +273,28 @@ class Processes:
         self.running.append(proc)
         return proc
 
+    def forked(self, script, args, name, env=None, netns=None):
+        """Starts `python script args` from the forkserver, which imported
+        TensorFlow once (bench/forked.py), with the environment variables
+        env added, in the network namespace netns, if any."""
+        log = _output_file(os.path.join(self.log_dir, name + '.log'))
+        err = _output_file(os.path.join(self.log_dir, name + '.err'))
+        proc = forked.Task(script, args, dict(os.environ, **(env or {})),
+                           log.name, err.name, netns)
+        proc.log, proc.err, proc.name = log, err, name
+        self.running.append(proc)
+        return proc
+
     def script(self, script, job, index, ps, workers, *flags, name=''):
-        """Starts one task of mnist_dist_{script}.py; its output files are
-        named after the task, behind `name` (to tell clusters apart)."""
-        return self.start(
-            [sys.executable, 'mnist_dist_%s.py' % script,
-             '--job_name=%s' % job, '--task_index=%d' % index,
-             '--ps=%s' % ','.join('localhost:%d' % p for p in ps),
-             '--worker=%s' % ','.join('localhost:%d' % p for p in workers)]
-            + list(flags), '%s%s%d' % (name, job, index))
+        """Starts one task of mnist_dist_{script}.py, from the forkserver;
+        its output files are named after the task, behind `name` (to tell
+        clusters apart)."""
+        args = ['--job_name=%s' % job, '--task_index=%d' % index,
+                '--ps=%s' % ','.join('localhost:%d' % p for p in ps),
+                '--worker=%s' % ','.join('localhost:%d' % p for p in workers)
+                ] + list(flags)
+        return self.forked('mnist_dist_%s.py' % script, args,
+                           '%s%s%d' % (name, job, index))
 
     def cluster(self, script, free_ports, *flags, num_workers=3, num_ps=1,
                 name=''):
@@ -439,7 +494,8 @@ SCRIPTS = ('async', 'sync')
 
 
 def ps_port(ps):
-    return int(ps.args[4].rsplit(':', 1)[1])
+    flag, = [arg for arg in ps.args if arg.startswith('--ps=')]
+    return int(flag.rsplit(':', 1)[1])
 
 
 def assert_clean_exit(procs, proc, status):

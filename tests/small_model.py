@@ -1,7 +1,22 @@
-"""For the in-process tests: a cluster of free ports, and the scripts'
-model shrunk to 4 pixels and 2 classes, on one fixed batch."""
+"""For the in-process tests: servers in the test's own process, a cluster of
+free ports, and the scripts' model shrunk to 4 pixels and 2 classes, on one
+fixed batch.
+
+TensorFlow cannot stop a server (about 95 threads each), so the tests of a
+pytest run share one set, SHARED_SHAPE large, each test starting from empty
+resource containers (shared_cluster); a test that needs a fresh ps, or a
+task that must not be up yet, takes a cluster of free ports instead
+(cluster_of), whose servers it starts."""
 
 import tensorflow.compat.v1 as tf
+
+from ps_cluster import server as task_server
+
+# ps tasks and workers of the shared servers.
+SHARED_SHAPE = (2, 4)
+# This run's servers, by address.
+_servers = {}
+_shared = []
 
 
 def cluster_of(free_ports, num_ps=1, num_workers=2):
@@ -11,6 +26,37 @@ def cluster_of(free_ports, num_ps=1, num_workers=2):
                  for port in free_ports(num_ps + num_workers)]
     return tf.train.ClusterSpec({'ps': addresses[:num_ps],
                                  'worker': addresses[num_ps:]})
+
+
+def server(cluster, job, index):
+    """The server of task (job, index) of cluster, as the scripts configure
+    it: the one of this run at its address, if any; else a new one."""
+    address = cluster.task_address(job, index)
+    if address not in _servers:
+        _servers[address] = tf.train.Server(
+            cluster, job_name=job, task_index=index,
+            config=task_server.session_config(job, index, 1.0))
+    return _servers[address]
+
+
+def shared_cluster(free_ports, num_ps=1, num_workers=2):
+    """The first num_ps ps tasks and num_workers workers of the shared
+    servers, started at the first call, every resource container of theirs
+    emptied (the variables of the tests before: Session.reset)."""
+    if not _shared:
+        _shared.append(cluster_of(free_ports, *SHARED_SHAPE))
+        for job in ('ps', 'worker'):
+            for index in range(_shared[0].num_tasks(job)):
+                server(_shared[0], job, index)
+    spec = _shared[0]
+    assert num_ps <= spec.num_tasks('ps')
+    assert num_workers <= spec.num_tasks('worker')
+    for job in ('ps', 'worker'):
+        for address in spec.job_tasks(job):
+            tf.Session.reset(_servers[address].target)
+    return tf.train.ClusterSpec({'ps': spec.job_tasks('ps')[:num_ps],
+                                 'worker': spec.job_tasks('worker')[
+                                     :num_workers]})
 
 
 def step_and_loss():

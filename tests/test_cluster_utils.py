@@ -64,6 +64,7 @@ def test_usage_errors(args, words, monkeypatch, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
 def test_usage_errors_as_a_run_meets_them(procs):
     # Each in a process of its own: one line, exit status 2, nothing left
     # running.

@@ -69,6 +69,7 @@ def test_seconds_to_the_first_point_that_reaches_the_target():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
 def test_straggler_table_and_chart(procs, tmp_path, free_port_run,
                                    small_data):
     import matplotlib.image

@@ -13,7 +13,8 @@ import mnist_data
 from conftest import (START_UP, final_accuracies, left_running, listeners,
                       listening, own_lines, write_dataset)
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+# Not in the fast tier; real processes, in turn with the others (pytest.ini).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('real')]
 
 SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+)$',
                      re.M)
@@ -34,12 +35,12 @@ def launch(procs, tmp_path, *args):
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
                                    small_data, script):
-    # The sync run with an evaluator beside it (-e), on RUN_DIR/logdir.
+    # An evaluator beside it (-e), on RUN_DIR/logdir, which exports.
     base = free_port_run(4)
-    launcher = launch(procs, tmp_path, '-H', '-b', str(base),
-                      *(['-e'] if script == 'sync' else []), script,
+    launcher = launch(procs, tmp_path, '-H', '-b', str(base), '-e', script,
                       '--data_dir=' + small_data, '--epochs=3',
-                      '--validation_size=100', '--learning_rate=0.5')
+                      '--validation_size=100', '--learning_rate=0.5',
+                      '--export_dir=%s' % (tmp_path / 'export'))
     procs.wait_all([launcher], 120)
     output = procs.output(launcher)
     assert launcher.returncode == 0, output
@@ -48,10 +49,13 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
         ('0', '0'), ('1', '0'), ('2', '0')]
     assert all(float(accuracy) > 0.8 for _, _, accuracy in summary), output
     assert sorted(os.listdir(tmp_path / 'run')) == sorted(
-        ['ps0.log', 'worker0.log', 'worker1.log', 'worker2.log'] + (
-            ['evaluator0.log', 'logdir'] if script == 'sync' else []))
-    if script == 'sync':  # it measured the last step: 3 epochs of 10
-        assert re.search(r'^evaluator: global_step=30, ', output, re.M)
+        ['ps0.log', 'worker0.log', 'worker1.log', 'worker2.log',
+         'evaluator0.log', 'logdir'])
+    # It measured the last step: 3 epochs of 10 steps, of every worker in
+    # async; one SavedModel of it.
+    last = 90 if script == 'async' else 30
+    assert re.search(r'^evaluator: global_step=%d, ' % last, output, re.M)
+    assert os.listdir(tmp_path / 'export') == [str(last)]
     # The training lines were shown as they came, the chatter was not.
     assert set(final_accuracies(output)) == {0, 1, 2}
     assert 'oneDNN' not in output

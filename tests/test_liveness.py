@@ -8,6 +8,7 @@ measures it); a worker lost, and the others go on; a worker that fails at
 start-up says why to the others.
 """
 
+import concurrent.futures
 import contextlib
 import os
 import queue
@@ -29,14 +30,14 @@ from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
+import small_model  # noqa: E402
 from small_model import cluster_of  # noqa: E402
 
 tf.disable_v2_behavior()
 
 
 def start(cluster, job, index):
-    return tf.train.Server(cluster, job_name=job, task_index=index,
-                           config=server.session_config(job, index, 1.0))
+    return small_model.server(cluster, job, index)
 
 
 def start_ps(cluster, index):
@@ -62,8 +63,8 @@ def test_the_counters_lie_on_each_ps_asked_for():
         assert [v.shape.as_list() for v in vectors] == [[3], [3], [], [3]]
 
 
-def test_say_left_marks_left_and_the_reason_on_every_ps(free_ports):
-    cluster = cluster_of(free_ports, 2, 2)
+def test_say_left_marks_left_and_the_reason_on_every_ps(shared_cluster):
+    cluster = shared_cluster(2, 2)
     for k in (0, 1):
         start_ps(cluster, k)
     assert liveness.say_left(cluster, 1, 'bad data') is None
@@ -103,8 +104,8 @@ def test_say_left_gives_up_on_a_ps_that_never_comes_after_secs(free_ports):
     assert beats_and_reasons(cluster, 0)[0].tolist() == [0, liveness.LEFT]
 
 
-def test_say_left_marks_no_left_without_its_reason(free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+def test_say_left_marks_no_left_without_its_reason(shared_cluster):
+    cluster = shared_cluster(1, 2)
     start(cluster, 'ps', 0)
     # Only the beats set up: the reason cannot be written, and LEFT, which
     # the others act on, waits for it.
@@ -147,8 +148,8 @@ def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
 
 
 def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
-        free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+        shared_cluster):
+    cluster = shared_cluster(1, 2)
     start(cluster, 'ps', 0)  # which sets up no counters
     with pytest.raises(TaskFailed) as failed:
         with watchdog(cluster, 1, print, startup_timeout=0.5):
@@ -157,8 +158,8 @@ def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
                                     'liveness counters within 0.5 s')
 
 
-def test_a_ps_farewell_ends_the_worker_quoting_it(free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+def test_a_ps_farewell_ends_the_worker_quoting_it(shared_cluster):
+    cluster = shared_cluster(1, 2)
     ps = start_ps(cluster, 0)
     failures = queue.Queue()
     with watchdog(cluster, 0, failures.put):
@@ -169,8 +170,8 @@ def test_a_ps_farewell_ends_the_worker_quoting_it(free_ports):
 
 
 def test_a_chief_that_left_before_the_model_ends_a_waiting_worker(
-        free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+        shared_cluster):
+    cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     failures = queue.Queue()
     with watchdog(cluster, 1, failures.put):
@@ -180,17 +181,17 @@ def test_a_chief_that_left_before_the_model_ends_a_waiting_worker(
             'was ready: "bad data"' % cluster.task_address('worker', 0))
 
 
-def test_the_watched_training_tells_each_global_step_it_reads(free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+def test_the_watched_training_tells_each_global_step_it_reads(shared_cluster):
+    cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     steps = queue.Queue()
     with watchdog(cluster, 1, print, on_step=steps.put, training=True):
         assert steps.get(timeout=10) == 0
 
 
-def test_a_worker_that_left_during_training_is_named_once(free_ports,
+def test_a_worker_that_left_during_training_is_named_once(shared_cluster,
                                                           capsys):
-    cluster = cluster_of(free_ports, 1, 2)
+    cluster = shared_cluster(1, 2)
     ps = start_ps(cluster, 0)
     # The ps counts the departures that the Watchdog reads.
     serving = threading.Thread(target=ps.serve_until_workers_gone,
@@ -218,8 +219,8 @@ def test_a_worker_that_left_during_training_is_named_once(free_ports,
         'without it\n' % cluster.task_address('worker', 1))
 
 
-def test_wait_for_the_others_returns_once_the_others_are_done(free_ports):
-    cluster = cluster_of(free_ports, 1, 2)
+def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
+    cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     with watchdog(cluster, 0, print) as dog:
         beat(cluster, 1)
@@ -234,10 +235,10 @@ def test_wait_for_the_others_returns_once_the_others_are_done(free_ports):
         assert not waiting.is_alive()
 
 
-def test_wait_for_the_others_gives_up_on_a_silent_worker(free_ports,
+def test_wait_for_the_others_gives_up_on_a_silent_worker(shared_cluster,
                                                          monkeypatch):
     monkeypatch.setattr(liveness, 'GONE_SECS', 0.5)
-    cluster = cluster_of(free_ports, 1, 2)
+    cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     with watchdog(cluster, 0, print) as dog:
         waiting = threading.Thread(target=dog.wait_for_the_others,
@@ -247,9 +248,9 @@ def test_wait_for_the_others_gives_up_on_a_silent_worker(free_ports,
         assert not waiting.is_alive()
 
 
-def test_silent_workers_names_the_others_whose_counters_stand(free_ports):
+def test_silent_workers_names_the_others_whose_counters_stand(shared_cluster):
     # Worker 1 never beats, 2 is done, 3 beats; 0 is the Watchdog's own.
-    cluster = cluster_of(free_ports, 1, 4)
+    cluster = shared_cluster(1, 4)
     start_ps(cluster, 0)
     done(cluster, 2)
     with beating(cluster, 3), watchdog(cluster, 0, print) as dog:
@@ -287,49 +288,45 @@ GONE = r'^worker=(\d): /job:worker/task:(\d) \(localhost:\d+\) is gone; ' \
 
 @pytest.mark.slow
 def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
-    """Side by side: worker 2 killed, async and sync (30 ms a step: the sync
-    run outlasts the 5 s of silence after which a worker is gone, however
-    fast the machine); worker 1 sent SIGINT (async) or SIGTERM (sync) to its
-    process group, as Ctrl-C in its own terminal would (30 ms a step too: a
-    fast machine ended a run of 400 steps before the signal came)."""
-    killed = {script: procs.cluster(script, free_ports,
-                                    '--data_dir=' + small_data, *LONG_RUN[1:],
-                                    '--epochs=40', '--step_delay_ms=30',
-                                    name=script + '-killed-')
-              for script in SCRIPTS}
+    """In each script's cluster of 4 workers: worker 2 killed; worker 1 sent
+    SIGINT (async) or SIGTERM (sync) to its process group, as Ctrl-C in its
+    own terminal would; workers 0 and 3 go on. 30 ms a step: the sync run
+    outlasts the 5 s of silence after which a worker is gone, however fast
+    the machine, and a fast machine ended a run of 400 steps before the
+    signal came."""
+    runs = {script: procs.cluster(script, free_ports,
+                                  '--data_dir=' + small_data, *LONG_RUN[1:],
+                                  '--epochs=40', '--step_delay_ms=30',
+                                  num_workers=4, name=script + '-lost-')
+            for script in SCRIPTS}
     signals = {'async': (signal.SIGINT, 130), 'sync': (signal.SIGTERM, 143)}
-    stopped = {script: procs.cluster(script, free_ports,
-                                     '--data_dir=' + small_data,
-                                     *LONG_RUN[1:], '--epochs=40',
-                                     '--step_delay_ms=30',
-                                     name=script + '-signal-')
-               for script in SCRIPTS}
-    for ps, workers in killed.values():
+
+    def lose_two(script):
+        # Each cluster as it gets there: waiting for one first would leave
+        # the other's run too short for a worker to fall silent in it.
+        ps, workers = runs[script]
         procs.wait_for_output(workers[2], r'^worker=2,epoch=1,', START_UP)
         os.kill(workers[2].pid, signal.SIGKILL)
-    sent = {}
-    for script, (ps, workers) in stopped.items():
         procs.wait_for_output(workers[1], r'^worker=1,epoch=1,', START_UP)
         os.killpg(workers[1].pid, signals[script][0])
-        sent[script] = time.time()
-    for script, (ps, workers) in stopped.items():
+        return time.time()
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        sent = dict(zip(runs, pool.map(lose_two, runs)))
+    for script, (ps, workers) in runs.items():
         procs.wait_all([workers[1]], 10, since=sent[script])
         assert_interrupted(procs, workers[1], signals[script][1],
                            '/job:worker/task:1')
-    procs.wait_all([p for ps, workers in list(killed.values())
-                    + list(stopped.values()) for p in workers + [ps]], 120)
-    for script, (ps, workers) in killed.items():
-        for i in (0, 1):
+    procs.wait_all([p for ps, workers in runs.values()
+                    for p in workers + [ps]], 120)
+    for script, (ps, workers) in runs.items():
+        for i in (0, 3):
             output = assert_clean_exit(procs, workers[i], 0)
             assert i in final_accuracies(output)
-            assert re.findall(GONE, output, re.M) == [(str(i), '2')] * (
-                script == 'sync')
+            # Sync: the killed worker and the one SIGTERM (which a
+            # scheduler sends to a task it may start again) left no word.
+            assert sorted(re.findall(GONE, output, re.M)) == [
+                (str(i), '1'), (str(i), '2')] * (script == 'sync')
         assert workers[2].returncode == -signal.SIGKILL
-        assert_clean_exit(procs, ps, 0)
-    for ps, workers in stopped.values():
-        for i in (0, 2):
-            assert i in final_accuracies(assert_clean_exit(procs, workers[i],
-                                                           0))
         assert_clean_exit(procs, ps, 0)
 
 
@@ -339,11 +336,11 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     """Side by side: an async chief and evaluator whose --logdir is a
     regular file; every async worker, and the evaluator, on data that does
     not fit --validation_size; an async chief alone on such data, beside an
-    evaluator that follows its --logdir; a sync
-    worker 2 on such data, beside an evaluator, every task with
-    --export_dir; a lone chief with both mistakes, which it finds in the
+    evaluator that follows its --logdir; a sync worker 2, and an async one,
+    on such data, beside an evaluator, every task with --export_dir; a
+    lone chief with both mistakes, which it finds in the
     order flags, data, --logdir, server. A worker that fails tries for a
-    few seconds to reach the ps: here each ps is up first, as the 14
+    few seconds to reach the ps: here each ps is up first, as the 19
     processes' imports on 2 cores may lie far apart."""
     a_file = tmp_path / 'a-file'
     a_file.write_text('')
@@ -355,7 +352,10 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                   None),
         'chief-': ('async', ['--logdir=%s' % (tmp_path / 'chief')], 0),
         'sync-': ('sync', ['--logdir=%s' % (tmp_path / 'logdir'),
-                           '--export_dir=%s' % (tmp_path / 'export')], 2)}
+                           '--export_dir=%s' % (tmp_path / 'export')], 2),
+        'async-': ('async', ['--logdir=%s' % (tmp_path / 'async'),
+                             '--export_dir=%s' % (tmp_path / 'async-export')],
+                   2)}
     ports = {name: free_ports(4) for name in clusters}
     ps = {name: procs.script(script, 'ps', 0, ports[name][:1],
                              ports[name][1:], *flags, *extra, name=name)
@@ -364,12 +364,15 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     while not all(listening(p[0]) for p in ports.values()):
         assert time.time() < deadline, 'a ps never came up'
         time.sleep(0.2)
+    # The evaluator first: one that starts after the chief has left takes
+    # the chief's word for an earlier run's.
     workers = {name: [procs.script(
         script, job, i, ports[name][:1], ports[name][1:], *flags, *extra,
         *([too_few] if (job, i) == ('worker', bad) else []), name=name)
-        for job, i in [('worker', 0), ('worker', 1), ('worker', 2),
-                       ('evaluator', 0)]]
+        for job, i in [('evaluator', 0), ('worker', 0), ('worker', 1),
+                       ('worker', 2)]]
         for name, (script, extra, bad) in clusters.items()}
+    workers = {name: tasks[1:] + tasks[:1] for name, tasks in workers.items()}
     lone = free_ports(2)
     both = procs.script('async', 'worker', 0, lone[:1], lone[1:], *flags,
                         too_few, '--logdir=%s' % a_file, name='both-')
@@ -437,6 +440,18 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
                           outputs)) == 1
     assert len(re.findall(r': the model at global_step=30 is exported '
                           r'already, to ', outputs)) == 1
+
+    # Async ends short of its last step, 90, without worker 2's 30: the
+    # evaluator ends at the chief's last checkpoint, and exports it.
+    chief, worker1, worker2, evaluator = workers['async-']
+    procs.wait_all([chief, worker1], START_UP)
+    procs.wait_all([evaluator], 30)
+    assert_one_error_line(procs, worker2, 1, '1100 training images')
+    for worker in (chief, worker1, evaluator):
+        assert_clean_exit(procs, worker, 0)
+    assert re.search(r'^evaluator: global_step=60, ', procs.output(evaluator),
+                     re.M)
+    assert os.listdir(tmp_path / 'async-export') == ['60']
 
     procs.wait_all([both], START_UP)
     assert_one_error_line(procs, both, 1, '1100 training images')

@@ -1,23 +1,22 @@
-"""The two scripts: read as the book's, their markers and their diff; and
-run, one process per task, 1 ps + 3 workers on localhost."""
+"""The two scripts: read as the book's, their markers and their diff; their
+global step, in-process; and run, one process per task, 1 ps + 3 workers on
+localhost (as a user starts them: test_launch_local.py)."""
 
 import ast
 import difflib
 import os
 import re
-import subprocess
-import sys
 import threading
 
 import pytest
 
 from conftest import (REPO, final_accuracies, left_running, run_accuracy,
-                      staleness_of)
+                      script_help, staleness_of)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from small_model import cluster_of  # noqa: E402
+from small_model import server  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -40,15 +39,14 @@ def train(procs, free_ports, script, data_dir, *flags, timeout=120):
     return outputs
 
 
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_help_lists_the_flags_and_exits_0(script):
-    help = subprocess.run([sys.executable, 'mnist_dist_%s.py' % script,
-                           '--help'], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-    assert help.returncode == 0, help.stderr
+    stdout, stderr, status = script_help(script)
+    assert status == 0, stderr
     for flag in ('job_name', 'task_index', 'ps', 'worker', 'logdir',
                  'data_dir', 'epochs', 'learning_rate', 'export_dir'):
-        assert re.search(r'^  --%s: ' % flag, help.stdout, re.M), flag
+        assert re.search(r'^  --%s: ' % flag, stdout, re.M), flag
 
 
 @pytest.mark.parametrize('script', ['async', 'sync'])
@@ -107,18 +105,19 @@ def made_as_in(script, name):
     raise LookupError(name)
 
 
-@pytest.mark.parametrize('script', ['async', 'sync'])
-def test_the_global_step_counts_every_update(free_ports, script):
+def test_the_global_step_counts_every_update(shared_cluster):
     # Many updates at once on the ps, as many workers make them: each adds
-    # its one to the global step as the script makes it.
-    cluster = cluster_of(free_ports, 1, 1)
-    servers = [tf.train.Server(cluster, job_name=job, task_index=0)
-               for job in ('ps', 'worker')]
+    # its one to the global step as the scripts make it (the same lines in
+    # both).
+    made_in = made_as_in('async', 'global_step')
+    assert made_as_in('sync', 'global_step') == made_in
+    cluster = shared_cluster(1, 1)
+    servers = [server(cluster, job, 0) for job in ('ps', 'worker')]
     made = {'tf': tf}
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
                 worker_device='/job:worker/task:0', cluster=cluster)):
-            exec(made_as_in(script, 'global_step'), made)
+            exec(made_in, made)
             v = tf.get_variable('v', [1], initializer=tf.zeros_initializer())
             optimizer = tf.train.GradientDescentOptimizer(0.1)
             updates = tf.group(*[optimizer.minimize(
@@ -127,12 +126,12 @@ def test_the_global_step_counts_every_update(free_ports, script):
         with tf.Session(servers[1].target) as sess:
             sess.run(tf.global_variables_initializer())
             threads = [threading.Thread(target=lambda: [
-                sess.run(updates) for _ in range(50)]) for _ in range(4)]
+                sess.run(updates) for _ in range(40)]) for _ in range(2)]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            assert sess.run(made['global_step']) == 4 * 50 * 200
+            assert sess.run(made["global_step"]) == 2 * 40 * 200
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ own address, all joined by a bridge, with added link delay. Root only. The
 workers say where round robin put the model."""
 
 import contextlib
-import sys
 
 import pytest
 
@@ -32,13 +31,13 @@ def test_two_ps_three_workers_on_five_hosts(procs, hosts, small_data, script):
     tasks = [('ps', i) for i in range(2)] + [('worker', i) for i in range(3)]
     started = []
     for (netns, _), (job, index) in zip(machines, tasks):
-        started.append(procs.start(
-            ['ip', 'netns', 'exec', netns, sys.executable,
-             'mnist_dist_%s.py' % script, '--job_name=' + job,
-             '--task_index=%d' % index, '--ps=' + ','.join(ps_hosts),
-             '--worker=' + ','.join(worker_hosts), '--data_dir=' + small_data,
-             '--validation_size=100', '--epochs=3', '--learning_rate=0.5'],
-            '%s%d' % (job, index)))
+        started.append(procs.forked(
+            'mnist_dist_%s.py' % script,
+            ['--job_name=' + job, '--task_index=%d' % index,
+             '--ps=' + ','.join(ps_hosts), '--worker=' + ','.join(worker_hosts),
+             '--data_dir=' + small_data, '--validation_size=100',
+             '--epochs=3', '--learning_rate=0.5'],
+            '%s%d' % (job, index), netns=netns))
     procs.wait_all(started, 180)
     outputs = [assert_clean_exit(procs, proc, 0) for proc in started]
     for output, (job, index) in zip(outputs, tasks):

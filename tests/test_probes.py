@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 
@@ -107,11 +106,12 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
     home = tmp_path / 'home'
     shutil.copytree(small_data, str(home / 'data'))
     ports = free_ports(2)
-    tilde = procs.start(
-        [sys.executable, 'mnist_dist_async.py', '--job_name=worker',
-         '--ps=localhost:%d' % ports[0], '--worker=localhost:%d' % ports[1],
-         '--data_dir=~/data', '--logdir=~/logdir', '--startup_timeout=3',
-         '--validation_size=100'], 'tilde-chief', env={'HOME': str(home)})
+    tilde = procs.forked(
+        'mnist_dist_async.py',
+        ['--job_name=worker', '--ps=localhost:%d' % ports[0],
+         '--worker=localhost:%d' % ports[1], '--data_dir=~/data',
+         '--logdir=~/logdir', '--startup_timeout=3', '--validation_size=100'],
+        'tilde-chief', env={'HOME': str(home)})
     ports = free_ports(4)
     no_chief = [procs.script('async', job, 0 if job == 'ps' else 1,
                              ports[:1], ports[1:], *flags,

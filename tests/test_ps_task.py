@@ -15,10 +15,10 @@ from conftest import LONG_RUN, assert_one_error_line
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster import liveness, ps_task, sources  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
-from small_model import cluster_of  # noqa: E402
+from small_model import server  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -26,18 +26,16 @@ TOLD = 'the ps was told to stop'
 
 
 @pytest.fixture
-def cluster(free_ports):
+def cluster(shared_cluster):
     """A ps and two workers: the ps is a server of this process; the tests
     act for the workers, which need no server, in sessions on the ps."""
-    return cluster_of(free_ports, 1, 2)
+    return shared_cluster(1, 2)
 
 
 @pytest.fixture
 def ps(cluster):
-    return ps_task.PsTask(
-        tf.train.Server(cluster, job_name='ps', task_index=0,
-                        config=server.session_config('ps', 0, 1.0)),
-        sources.Place(cluster, 'ps', 0))
+    return ps_task.PsTask(server(cluster, 'ps', 0),
+                          sources.Place(cluster, 'ps', 0))
 
 
 def read(cluster):

@@ -5,7 +5,8 @@ Supervisor's threads and marks the worker done on the ps; with no ps at its
 address, it fails after the startup timeout. In a cluster of processes, a
 ps killed and started again on its port, or stopped and continued and then
 with its connections broken, and every worker stopped and continued, each
-cost no worker its run; a ps that does not come back ends every worker.
+cost no worker its run. A ps that does not come back ends every worker:
+test_stall_watch.py, beside the stalled runs.
 """
 
 import glob
@@ -13,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import warnings
@@ -34,6 +34,7 @@ from ps_cluster.recoverable_session import (  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 
+import small_model  # noqa: E402
 from small_model import cluster_of, step_and_loss  # noqa: E402
 
 tf.disable_v2_behavior()
@@ -44,13 +45,12 @@ tf.disable_v2_behavior()
 
 
 @pytest.fixture
-def ps(free_ports):
+def ps(shared_cluster):
     """The ps of a cluster of two workers, a server of this process, with
     the liveness counters its PsTask sets up."""
-    cluster = cluster_of(free_ports)
-    ps_server = tf.train.Server(cluster, job_name='ps', task_index=0,
-                                config=server.session_config('ps', 0, 1.0))
-    return PsTask(ps_server, Place(cluster, 'ps', 0))
+    cluster = shared_cluster()
+    return PsTask(small_model.server(cluster, 'ps', 0),
+                  Place(cluster, 'ps', 0))
 
 
 def recoverable_session(cluster, died, startup_timeout=10):
@@ -59,8 +59,7 @@ def recoverable_session(cluster, died, startup_timeout=10):
     Supervisor), and its RecoverableSession, opened by the chief's own
     server; a failure handed to the stall watch goes to died. Returns the
     session and the training step."""
-    chief = tf.train.Server(cluster, job_name='worker', task_index=0,
-                            config=server.session_config('worker', 0, 1.0))
+    chief = small_model.server(cluster, 'worker', 0)
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
                 worker_device='/job:worker/task:0', cluster=cluster)):
@@ -137,13 +136,29 @@ RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
             r'global_step=\d+, on \d+ ps and \d+ workers$')
 
 
-# Side by side: async, its ps restarted twice (a worker once hung after the
-# second); sync, once; sync with 2 ps, once: the one killed holds a
-# variable, the other the token queue, on which the chief's training step
-# may wait while its update loop stops on the lost one.
+# Side by side, a restarted ps and a paused one. Restarted: async, its ps
+# twice (a worker once hung after the second); sync, once; sync with 2 ps,
+# once: the one killed holds a variable, the other the token queue, on which
+# the chief's training step may wait while its update loop stops on the
+# lost one. Paused, which ends, and connections that break, cost no run: the
+# ps stopped (SIGSTOP) for 20 s or more, async and sync, and once their
+# workers train again, the kernel closes the workers' connections to it, as
+# a busy network may (`ss -K`, root only, destroys the sockets: async steps
+# are short, and gRPC may connect again before one fails; sync workers wait
+# on the ps for tokens, and each recovers); and every worker of an async run
+# stopped, as behind a cut network, for longer than a notice of a worker
+# gone and than the 15 s after which a ps once left: its ps waits
+# (--worker_timeout).
 @pytest.mark.slow
-def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
-                                                      small_data, tmp_path):
+def test_a_restarted_or_paused_ps_costs_no_worker_its_run(
+        procs, free_ports, small_data, tmp_path):
+    paused = {script: procs.cluster(script, free_ports,
+                                    '--data_dir=' + small_data, *LONG_RUN,
+                                    name=script + '-ps-paused-')
+              for script in ('async', 'sync')}
+    silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
+                           *LONG_RUN[1:], '--epochs=60',
+                           '--worker_timeout=60', name='workers-paused-')
     runs = []
     for script, num_ps, restarts in (('async', 1, 2), ('sync', 1, 1),
                                      ('sync', 2, 1)):
@@ -158,37 +173,22 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
                          name=name, logdir=logdir, flags=flags, ports=ports,
                          ps=ps if num_ps > 1 else [ps], workers=workers,
                          lost=num_ps - 1))
+    # Each paused mid-run, however long the others take to start.
+    for ps, workers in paused.values():
+        procs.wait_for_epoch(workers, 5)
+        os.kill(ps.pid, signal.SIGSTOP)
+    procs.wait_for_epoch(silent[1], 2)
+    for worker in silent[1]:
+        os.kill(worker.pid, signal.SIGSTOP)
+    stopped = time.time()
     for restart in (1, 2):
-        due = [run for run in runs if run['restarts'] >= restart]
-        for run in due:
-            procs.wait_for_epoch(run['workers'], 10 * restart - 5)
-            assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
-            os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
-            run['killed'] = time.time()
-        for run in due:
-            lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
-            run['ps'][lost].wait()
-            for i, worker in enumerate(run['workers']):
-                procs.wait_for_output(
-                    worker, r'^worker=%d: lost the connection to '
-                            r'/job:ps/task:%d \(localhost:%d\); waiting up to '
-                            r'120 s for it$' % (i, lost, ports[lost]), 30,
-                    count=restart, since=run['killed'])
-            run['ps'][lost] = procs.script(
-                run['script'], 'ps', lost, ports[:num_ps], ports[num_ps:],
-                *run['flags'], name=run['name'])
-            run['started'] = time.time()
-        for run in due:
-            run['restored'] = int(procs.wait_for_output(
-                run['workers'][0], RESTORED, START_UP, count=restart,
-                since=run['started']).group(1))
-            assert run['restored'] > 0
-            for i, worker in enumerate(run['workers']):
-                resumed = procs.wait_for_output(
-                    worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
-                    START_UP, count=restart, since=run['started'])
-                assert int(resumed.group(1)) >= run['restored']
-    procs.wait_all([p for run in runs for p in run['workers'] + run['ps']],
+        restart_ps(procs, [run for run in runs if run['restarts'] >= restart],
+                   restart)
+        if restart == 1:
+            resume_after_a_pause(procs, paused, silent, stopped)
+    everything = list(paused.values()) + [silent]
+    procs.wait_all([p for ps, workers in everything for p in workers + [ps]]
+                   + [p for run in runs for p in run['workers'] + run['ps']],
                    300)
     for run in runs:
         for i, worker in enumerate(run['workers']):
@@ -198,42 +198,68 @@ def test_restarted_ps_resumes_from_the_last_checkpoint(procs, free_ports,
             assert int(final_step) > run['restored']
         for proc in run['ps']:
             assert_clean_exit(procs, proc, 0)
+    for ps, workers in everything:
+        for i, worker in enumerate(workers):
+            assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+        assert_clean_exit(procs, ps, 0)
+    for ps, workers in paused.values():
+        for i, worker in enumerate(workers):
+            output = procs.output(worker)
+            # Whoever lost the connection found the live model, not a new
+            # one.
+            assert 'again' not in output and 'restored' not in output
+            if 'lost the connection' in output:
+                assert 'resuming at' in output
+                if i == 0:
+                    assert 'joined the live model' in output
 
 
-# A pause that ends, and connections that break, cost no run, side by side:
-# the ps stopped (SIGSTOP) for 20 s or more, async and sync, and once their
-# workers train again, the kernel closes the workers' connections to it, as
-# a busy network may (`ss -K`, root only, destroys the sockets: async steps
-# are short, and gRPC may connect again before one fails; sync workers wait
-# on the ps for tokens, and each recovers); and every worker of an async run
-# stopped, as behind a cut network, for longer than a notice of a worker
-# gone and than the 15 s after which a ps once left: its ps waits
-# (--worker_timeout).
-@pytest.mark.slow
-def test_a_pause_or_broken_connections_cost_no_worker_its_run(
-        procs, free_ports, small_data):
-    runs = {script: procs.cluster(script, free_ports,
-                                  '--data_dir=' + small_data, *LONG_RUN,
-                                  name=script + '-ps-paused-')
-            for script in ('async', 'sync')}
-    silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
-                           *LONG_RUN[1:], '--epochs=60',
-                           '--worker_timeout=60', name='workers-paused-')
-    # Each stopped mid-run, however long the others take to start.
-    for ps, workers in runs.values():
-        procs.wait_for_epoch(workers, 5)
-        os.kill(ps.pid, signal.SIGSTOP)
-    procs.wait_for_epoch(silent[1], 2)
-    for worker in silent[1]:
-        os.kill(worker.pid, signal.SIGSTOP)
-    time.sleep(20)
-    everything = list(runs.values()) + [silent]
+def restart_ps(procs, runs, restart):
+    """Each run's ps `lost` killed mid-run and started again on its port,
+    for the restart-th time: every worker waits for it, the chief restores
+    the last checkpoint, and every worker resumes from there on."""
+    for run in runs:
+        procs.wait_for_epoch(run['workers'], 10 * restart - 5)
+        assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
+        os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
+        run['killed'] = time.time()
+    for run in runs:
+        lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
+        run['ps'][lost].wait()
+        for i, worker in enumerate(run['workers']):
+            procs.wait_for_output(
+                worker, r'^worker=%d: lost the connection to '
+                        r'/job:ps/task:%d \(localhost:%d\); waiting up to '
+                        r'120 s for it$' % (i, lost, ports[lost]), 30,
+                count=restart, since=run['killed'])
+        run['ps'][lost] = procs.script(
+            run['script'], 'ps', lost, ports[:num_ps], ports[num_ps:],
+            *run['flags'], name=run['name'])
+        run['started'] = time.time()
+    for run in runs:
+        run['restored'] = int(procs.wait_for_output(
+            run['workers'][0], RESTORED, START_UP, count=restart,
+            since=run['started']).group(1))
+        assert run['restored'] > 0
+        for i, worker in enumerate(run['workers']):
+            resumed = procs.wait_for_output(
+                worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
+                START_UP, count=restart, since=run['started'])
+            assert int(resumed.group(1)) >= run['restored']
+
+
+def resume_after_a_pause(procs, paused, silent, stopped):
+    """The paused tasks continued 20 s or more after they stopped, each
+    still running; then the workers' connections to each paused ps broken
+    once they train again."""
+    time.sleep(max(0, stopped + 20 - time.time()))
+    everything = list(paused.values()) + [silent]
     assert all(p.poll() is None for ps, workers in everything
                for p in workers + [ps])
-    for proc in [ps for ps, _ in runs.values()] + silent[1]:
+    for proc in [ps for ps, _ in paused.values()] + silent[1]:
         os.kill(proc.pid, signal.SIGCONT)
     if os.geteuid() == 0 and shutil.which('ss'):
-        for ps, workers in runs.values():
+        for ps, workers in paused.values():
             for i, worker in enumerate(workers):
                 epoch = r'^worker=%d,epoch=' % i
                 procs.wait_for_output(worker, epoch, 60, count=len(re.findall(
@@ -246,56 +272,3 @@ def test_a_pause_or_broken_connections_cost_no_worker_its_run(
     else:
         warnings.warn(pytest.PytestWarning(
             'no connection broken: ss -K needs root and iproute2'))
-    procs.wait_all([p for ps, workers in everything for p in workers + [ps]],
-                   300)
-    for ps, workers in everything:
-        for i, worker in enumerate(workers):
-            assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
-        assert_clean_exit(procs, ps, 0)
-    for ps, workers in runs.values():
-        for i, worker in enumerate(workers):
-            output = procs.output(worker)
-            # Whoever lost the connection found the live model, not a new
-            # one.
-            assert 'again' not in output and 'restored' not in output
-            if 'lost the connection' in output:
-                assert 'resuming at' in output
-                if i == 0:
-                    assert 'joined the live model' in output
-
-
-# A dying ps may still accept connections when a worker probes it; the
-# worker then opens a new session, which waits in TensorFlow for the ps with
-# no timeout. Another process answering at its port a moment makes every
-# worker do so.
-@pytest.mark.slow
-def test_lost_ps_ends_every_worker(procs, free_ports, small_data):
-    # Runs that cannot end before their ps is killed, however long the
-    # third cluster takes to start.
-    runs = {(script, its_port): procs.cluster(
-        script, free_ports, '--data_dir=' + small_data, '--ps_timeout=5',
-        *LONG_RUN, '--epochs=30000', name=script + its_port)
-        for script, its_port in (('async', 'closed'), ('sync', 'closed'),
-                                 ('sync', 'answering'))}
-    for ps, workers in runs.values():
-        procs.wait_for_epoch(workers)
-    for ps, _ in runs.values():
-        os.kill(ps.pid, signal.SIGKILL)
-    killed = time.time()
-    ps = runs['sync', 'answering'][0]
-    ps.wait()
-    with socket.create_server(('', ps_port(ps))):
-        time.sleep(2)
-    procs.wait_all([w for (_, its_port), (_, workers) in runs.items()
-                    if its_port == 'closed' for w in workers], 30,
-                   since=killed)
-    procs.wait_all(runs['sync', 'answering'][1], 30)
-    for ps, workers in runs.values():
-        for i, worker in enumerate(workers):
-            # TensorFlow logs the broken connection too; ours is the last
-            # line.
-            assert_clean_exit(procs, worker, 1)
-            last = procs.stderr(worker).splitlines()[-1]
-            assert last == ('/job:worker/task:%d: error: lost the connection '
-                            'to /job:ps/task:0 (localhost:%d)'
-                            % (i, ps_port(ps)))

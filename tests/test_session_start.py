@@ -19,20 +19,19 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from ps_cluster import server, session_start  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
-from small_model import cluster_of, step_and_loss  # noqa: E402
+import small_model  # noqa: E402
+from small_model import step_and_loss  # noqa: E402
 
 tf.disable_v2_behavior()
 
 
 @pytest.fixture
-def cluster(free_ports):
+def cluster(shared_cluster):
     """A ps and two workers, each a server of this process: the cluster,
     and the servers by (job, index)."""
-    spec = cluster_of(free_ports)
-    return spec, {(job, i): tf.train.Server(
-        spec, job_name=job, task_index=i,
-        config=server.session_config(job, i, 1.0))
-        for job, i in (('ps', 0), ('worker', 0), ('worker', 1))}
+    spec = shared_cluster(1, 2)
+    return spec, {(job, i): small_model.server(spec, job, i)
+                  for job, i in (('ps', 0), ('worker', 0), ('worker', 1))}
 
 
 def supervisor(cluster, index, logdir=None):

@@ -17,7 +17,8 @@ import pytest
 from conftest import (REPO, evaluations, final_accuracies, network_hosts,
                       own_lines)
 
-pytestmark = pytest.mark.slow  # not in the fast tier
+# Not in the fast tier; real processes, in turn with the others (pytest.ini).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('real')]
 
 NODES = ['node9', 'node10', 'node11', 'node12']
 PORT = 2222
@@ -68,6 +69,20 @@ class Slurm:
                                                             'slurm.conf'),
                         PATH=os.path.dirname(sys.executable) + ':'
                         + os.environ['PATH'])
+
+    def tasks_left(self):
+        """The pids of the live processes this Slurm started: their
+        environment names its slurm.conf."""
+        mine = ('SLURM_CONF=' + self.env['SLURM_CONF']).encode()
+        left = []
+        for pid in filter(str.isdigit, os.listdir('/proc')):
+            try:
+                with open('/proc/%s/environ' % pid, 'rb') as f:
+                    if mine in f.read().split(b'\0'):
+                        left.append(int(pid))
+            except OSError:  # it has ended
+                pass
+        return left
 
     def command(self, *args, **kwargs):
         """A Slurm command, run where the controller can be reached."""
@@ -207,11 +222,6 @@ def assert_placed_where_they_run(output, num_ps, num_workers):
     return tasks
 
 
-def nothing_left_running():
-    return subprocess.run(['pgrep', '-f', r'mnist_dist_(a)?sync\.py'],
-                          capture_output=True, text=True).stdout == ''
-
-
 @pytest.mark.parametrize('script', ['async', 'sync'])
 def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path,
                                            script):
@@ -223,7 +233,7 @@ def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path,
     tasks = assert_placed_where_they_run(output, 1, 3)
     assert [tasks[('ps', 0)][4]] + [tasks[('worker', i)][4]
                                     for i in range(3)] == NODES
-    assert nothing_left_running()
+    assert slurm.tasks_left() == []
 
 
 def test_example_on_one_node(slurm, small_data, tmp_path):
@@ -235,7 +245,7 @@ def test_example_on_one_node(slurm, small_data, tmp_path):
     tasks = assert_placed_where_they_run(output, 1, 3)
     assert sorted(address for *_, address, _, _ in tasks.values()) == [
         'node9:%d' % (PORT + i) for i in range(4)]
-    assert nothing_left_running()
+    assert slurm.tasks_left() == []
 
 
 EVALUATOR_LINE = re.compile(
@@ -268,7 +278,7 @@ def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path, script):
     exported = re.findall(r'^(\S+): exported the model at global_step=(\d+)',
                           output, re.M)
     assert exported == [('/job:evaluator/task:0', str(step))], output
-    assert nothing_left_running()
+    assert slurm.tasks_left() == []
 
 
 def test_tasks_started_by_hand_in_a_batch_script(slurm, small_data):
@@ -292,7 +302,7 @@ def test_tasks_started_by_hand_in_a_batch_script(slurm, small_data):
                           output, re.M)) == 3
     assert sorted(final_accuracies(output)) == [0, 1]
     assert 'Traceback' not in output
-    assert nothing_left_running()
+    assert slurm.tasks_left() == []
 
 
 def test_placement_it_cannot_map_ends_every_task(slurm, small_data, tmp_path):
@@ -314,4 +324,4 @@ def test_placement_it_cannot_map_ends_every_task(slurm, small_data, tmp_path):
                     'arbitrary cannot be placed from the step\'s variables: '
                     'use srun -m block or -m cyclic'] * 4, output
     assert 'Traceback' not in output
-    assert nothing_left_running()
+    assert slurm.tasks_left() == []

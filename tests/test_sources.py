@@ -4,7 +4,6 @@ itself runs in test_slurm.py."""
 
 import json
 import re
-import sys
 import time
 
 import pytest
@@ -90,9 +89,8 @@ def tf_config(ps, workers, job, index, **jobs):
 
 def run_tasks(procs, script, envs, *flags, timeout=120):
     """One task per environment, no cluster flags; returns their outputs."""
-    tasks = [procs.start([sys.executable, 'mnist_dist_%s.py' % script]
-                         + list(flags), 'task%d' % i, env=env)
-             for i, env in enumerate(envs)]
+    tasks = [procs.forked('mnist_dist_%s.py' % script, flags, 'task%d' % i,
+                          env=env) for i, env in enumerate(envs)]
     procs.wait_all(tasks, timeout)
     return [assert_clean_exit(procs, task, 0) for task in tasks]
 
@@ -117,9 +115,9 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
             env = {'TF_CONFIG': tf_config(ports[script][:1],
                                           ports[script][1:], job, index,
                                           evaluator=['localhost:1'])}
-            started[script].append(procs.start(
-                [sys.executable, 'mnist_dist_%s.py' % script,
-                 '--data_dir=' + small_data] + SMALL_RUN + flags,
+            started[script].append(procs.forked(
+                'mnist_dist_%s.py' % script,
+                ['--data_dir=' + small_data] + SMALL_RUN + flags,
                 '%s%s%d' % (script, job, index), env=env))
     procs.wait_all([p for run in started.values() for p in run], 120)
     for script, run in started.items():

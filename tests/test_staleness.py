@@ -3,7 +3,9 @@ and the copies of the steps in-process; what they show on real clusters, a
 straggler among them."""
 
 import os
+import time
 
+import numpy as np
 import pytest
 
 from conftest import run_accuracy, staleness_of
@@ -41,11 +43,13 @@ def test_no_runs_no_staleness():
 def test_the_copy_keeps_the_step_it_read_and_the_after_the_update():
     # A plain read of a ref variable is an alias: fetched with the update,
     # it shows the step after it. The copies show the step before and
-    # after.
+    # after. The update waits for the first copy, as a worker's waits for
+    # its gradients: independent of it, it might run first.
     with tf.Graph().as_default():
         global_step = tf.train.get_or_create_global_step()
-        update = tf.assign_add(global_step, 1)
         before = global_step_copy(global_step)
+        with tf.control_dependencies([before]):
+            update = tf.assign_add(global_step, 1)
         after = global_step_copy(global_step, update)
         alias = global_step.read_value()
         with tf.Session() as sess:
@@ -58,8 +62,13 @@ def test_the_copy_keeps_the_step_it_read_and_the_after_the_update():
 def test_the_steps_around_an_update_in_one_tensor():
     with tf.Graph().as_default():
         global_step = tf.train.get_or_create_global_step()
-        steps = global_steps_around(global_step,
-                                    tf.assign_add(global_step, 1))
+        # A worker's update comes long after the run starts, once its
+        # gradients are computed: here, after 0.2 s.
+        computed = tf.numpy_function(lambda: time.sleep(0.2) or np.int64(0),
+                                     [], tf.int64)
+        with tf.control_dependencies([computed]):
+            update = tf.assign_add(global_step, 1)
+        steps = global_steps_around(global_step, update)
         with tf.Session() as sess:
             sess.run(tf.global_variables_initializer())
             assert [sess.run(steps).tolist() for _ in range(2)] == [

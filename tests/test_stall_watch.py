@@ -1,12 +1,13 @@
 """The stall watch (ps_cluster/stall_watch.py): in-process, its decisions
 and the line it ends a worker with, for a failure handed over, a step that
 stands still, a ps or a worker that is silent; and the cluster test of what
-only a cluster shows: a run that makes no step ends every worker, naming
-why."""
+only a cluster shows: a run that makes no step, or that lost a ps for good,
+ends every worker, naming why."""
 
 import os
 import queue
 import signal
+import socket
 import threading
 import time
 
@@ -161,14 +162,18 @@ def test_calls_that_block_past_call_secs_are_given_up_on(die):
         frozen.set()
 
 
-# A stalled run ends every worker, each naming why, side by side: a frozen
-# ps (async, sync), which accepts connections and answers nothing (only a
-# call with a deadline tells it from a live one; the line names the ps,
-# never the worker itself, which a failed call's error may name); and a sync
-# chief killed, without which no update is applied.
+# A run that cannot go on ends every worker, each naming why, side by side.
+# Stalled: a frozen ps (async, sync), which accepts connections and answers
+# nothing (only a call with a deadline tells it from a live one; the line
+# names the ps, never the worker itself, which a failed call's error may
+# name); and a sync chief killed, without which no update is applied. A ps
+# lost for good (async, sync), after --ps_timeout; and one that dies as a
+# worker probes it: it may still accept connections, and the worker then
+# opens a new session, which waits in TensorFlow for the ps with no timeout.
+# Another process answering at its port a moment makes every worker do so.
 @pytest.mark.slow  # not in the fast tier
-def test_a_stalled_run_ends_every_worker_naming_why(procs, free_ports,
-                                                    small_data):
+def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
+        procs, free_ports, small_data):
     frozen = {script: procs.cluster(script, free_ports,
                                     '--data_dir=' + small_data,
                                     '--stall_timeout=10', *LONG_RUN,
@@ -177,13 +182,41 @@ def test_a_stalled_run_ends_every_worker_naming_why(procs, free_ports,
     ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
                                 '--stall_timeout=5', *LONG_RUN,
                                 name='no-chief-')
-    for _, run_workers in list(frozen.values()) + [(ps, workers)]:
+    lost = {(script, its_port): procs.cluster(
+        script, free_ports, '--data_dir=' + small_data, '--ps_timeout=5',
+        *LONG_RUN, name=script + its_port)
+        for script, its_port in (('async', 'closed'), ('sync', 'closed'),
+                                 ('sync', 'answering'))}
+    for _, run_workers in (list(frozen.values()) + [(ps, workers)]
+                           + list(lost.values())):
         procs.wait_for_epoch(run_workers)
     for frozen_ps, _ in frozen.values():
         os.kill(frozen_ps.pid, signal.SIGSTOP)
     stopped = time.time()
     os.kill(workers[0].pid, signal.SIGKILL)
-    procs.wait_all(workers + [ps], 60)
+    for lost_ps, _ in lost.values():
+        os.kill(lost_ps.pid, signal.SIGKILL)
+    killed = time.time()
+    answering = lost['sync', 'answering'][0]
+    answering.wait()
+    with socket.create_server(('', ps_port(answering))):
+        time.sleep(2)
+
+    procs.wait_all([w for (_, its_port), (_, run_workers) in lost.items()
+                    if its_port == 'closed' for w in run_workers], 30,
+                   since=killed)
+    procs.wait_all(lost['sync', 'answering'][1], 30)
+    for lost_ps, run_workers in lost.values():
+        for i, worker in enumerate(run_workers):
+            # TensorFlow logs the broken connection too; ours is the last
+            # line.
+            assert_clean_exit(procs, worker, 1)
+            last = procs.stderr(worker).splitlines()[-1]
+            assert last == ('/job:worker/task:%d: error: lost the connection '
+                            'to /job:ps/task:0 (localhost:%d)'
+                            % (i, ps_port(lost_ps)))
+
+    procs.wait_all(workers + [ps], 60, since=stopped)
     for worker in workers[1:]:
         assert_one_error_line(
             procs, worker, 1, 'training stalled: no new global step for 5 s',

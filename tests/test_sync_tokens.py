@@ -19,7 +19,8 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from ps_cluster import server  # noqa: E402
 from ps_cluster.sync_tokens import SyncTokens  # noqa: E402
 
-from small_model import cluster_of, step_and_loss  # noqa: E402
+import small_model  # noqa: E402
+from small_model import step_and_loss  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -27,15 +28,14 @@ NUM_WORKERS = 2
 
 
 @pytest.fixture
-def chief(free_ports):
+def chief(shared_cluster):
     """The scripts' sync chief, of a cluster of a ps and two workers, the ps
     and the chief servers of this process: its Supervisor, its session, and
     ops by name: train_op; tokens, the size of the token queue; SyncTokens
     as the chief builds them, of the last step 10 (running) or 0 (ended),
     and as worker 1 does (worker)."""
-    cluster = cluster_of(free_ports)
-    servers = [tf.train.Server(cluster, job_name=job, task_index=0,
-                               config=server.session_config(job, 0, 1.0))
+    cluster = shared_cluster()
+    servers = [small_model.server(cluster, job, 0)
                for job in ('ps', 'worker')]
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
