@@ -1,4 +1,5 @@
-# The two scripts in an image, for the TFJob examples (examples/tfjob-*.yaml).
+# The two scripts in an image, for the Kubernetes examples (examples/jobset-*.yaml
+# and tfjob-*.yaml).
 # CPU by default, on a public Python image; for GPU workers, a base with CUDA
 # and TensorFlow, whose TensorFlow requirements.txt then keeps:
 #   podman build -t mnist-dist .     (or docker build)

@@ -7,24 +7,27 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
+import time
 import uuid
 
 import pytest
 import yaml
 
-from conftest import REPO, assert_clean_exit, evaluations, final_accuracies
+import kubelet
+from conftest import (FINAL_STEP, REPO, START_UP, assert_clean_exit,
+                      evaluations, final_accuracies, script_help)
+
+# Real processes and containers, in turn with the others (pytest.ini).
+pytestmark = pytest.mark.xdist_group('real')
 
 EXAMPLES = os.path.join(REPO, 'examples')
 
 
 def defined_flags(script):
-    """The flags a script defines, as absl knows them."""
-    module = os.path.basename(script)[:-len('.py')]
-    return set(subprocess.run(
-        [sys.executable, '-c', 'import %s\nfrom absl import flags\n'
-         'print("\\n".join(flags.FLAGS))' % module],
-        cwd=REPO, capture_output=True, text=True, check=True).stdout.split())
+    """The flags a script defines, as its --help lists them."""
+    stdout, _, _ = script_help(re.search(r'mnist_dist_(\w+)\.py$',
+                                         script).group(1))
+    return set(re.findall(r'^  --(?:\[no\])?(\w+):', stdout, re.M))
 
 
 def check_command(argv):
@@ -200,3 +203,232 @@ def test_tfjob_in_containers(image, procs, small_data, tmp_path):
     assert (logs / 'sync-serving' / '40' / 'saved_model.pb').exists()
     assert podman('ps', '--all', '--quiet',
                   '--filter=name=' + network).stdout == ''
+
+
+# ------------------------------------------------------------------ JobSet
+
+def jobset(mode):
+    return kubelet.load(os.path.join(EXAMPLES, 'jobset-%s.yaml' % mode))
+
+
+def replicated_jobs(manifest):
+    """{replicated job's name: its Job's spec}."""
+    return {replicated['name']: replicated['template']['spec']
+            for replicated in manifest['spec']['replicatedJobs']}
+
+
+@pytest.mark.parametrize('mode', ['async', 'sync'])
+def test_jobset_manifest(mode):
+    manifest = jobset(mode)
+    assert kubelet.crd_problems(manifest) == []
+    spec = manifest['spec']
+    assert manifest['metadata']['labels']['kueue.x-k8s.io/queue-name']
+    # The set succeeds on its workers alone; the chief exports before it
+    # ends, so a finished set that deletes a running evaluator loses none.
+    assert spec['successPolicy'] == {'operator': 'All',
+                                     'targetReplicatedJobs': ['workers']}
+    assert spec['failurePolicy']['maxRestarts'] >= 1
+    # A ps or a worker that fails fails its Job, which restarts the set: it
+    # does not restart in place.
+    jobs = replicated_jobs(manifest)
+    for name in ('ps', 'workers'):
+        assert jobs[name]['backoffLimit'] == 0
+        assert jobs[name]['template']['spec']['restartPolicy'] == 'Never'
+    pods = kubelet.jobset_pods(manifest, {'mnist-data': '/claims/data',
+                                          'mnist-logs': '/claims/logs'})
+    cluster = {job: ','.join(pod.fqdn + ':2222' for pod in pods
+                             if pod.replicated_job == job)
+               for job in ('ps', 'workers')}
+    for pod in pods:
+        assert pod.argv[1] == '/app/mnist_dist_%s.py' % mode
+        check_command(pod.argv)
+        # Every pod the same cluster, of the DNS names JobSet gives the
+        # pods; each its task from its index.
+        assert '--ps=' + cluster['ps'] in pod.argv
+        assert '--worker=' + cluster['workers'] in pod.argv
+        job = {'workers': 'worker'}.get(pod.replicated_job,
+                                        pod.replicated_job)
+        assert '--job_name=' + job in pod.argv
+        if job != 'evaluator':
+            assert '--task_index=' + pod.env['JOB_COMPLETION_INDEX'] in (
+                pod.argv)
+        # The data and the logdir on volumes every pod mounts.
+        assert sorted(path for _, path, _ in pod.mounts) == ['/data',
+                                                             '/logs']
+        assert '--logdir=/logs/' + mode in pod.argv
+        assert ('--export_dir=/logs/%s-serving' % mode in pod.argv) == (
+            job == 'worker')
+
+
+def test_a_jobset_the_api_server_would_refuse_is_named():
+    manifest = jobset('async')
+    manifest['spec']['sucessPolicy'] = manifest['spec'].pop('successPolicy')
+    manifest['spec']['replicatedJobs'][0]['replicas'] = 'one'
+    problems = kubelet.crd_problems(manifest)
+    assert ".spec.sucessPolicy: unknown field, not in JobSet's schema" in (
+        problems)
+    assert ".spec.replicatedJobs[0].replicas: 'one' is not of type " \
+        "'integer'" in problems
+
+
+def test_a_pod_it_cannot_make_as_kubernetes_would_fails():
+    manifest = jobset('async')
+    pod = manifest['spec']['replicatedJobs'][0]['template']['spec'][
+        'template']['spec']
+    pod['nodeSelector'] = {'disk': 'ssd'}
+    with pytest.raises(kubelet.Untranslated, match=r'^\.spec\.replicatedJobs'
+                       r'\[0\]\.template\.spec\.template\.spec\.nodeSelector'
+                       r': not translated$'):
+        kubelet.jobset_pods(manifest, {'mnist-data': '/d', 'mnist-logs': '/l'})
+    del pod['nodeSelector']
+    pod['containers'][0]['args'].append('--logdir=/logs/$(POD_NAME)')
+    with pytest.raises(kubelet.Untranslated,
+                       match='no environment variable POD_NAME'):
+        kubelet.jobset_pods(manifest, {'mnist-data': '/d', 'mnist-logs': '/l'})
+    assert kubelet.expand('$$(HOME) $(A)', {'A': 'a'}) == '$(HOME) a'
+
+
+class JobSetRun:
+    """A JobSet run here as Kubernetes would run it: each pod a podman
+    container of the image on a network of the set's own, started as the
+    kubelet starts it (kubelet.py), and this test as the JobSet controller:
+    the set succeeds once every worker has; a ps or a worker that fails
+    restarts the whole set, up to failurePolicy.maxRestarts."""
+
+    def __init__(self, manifest, image, claims, procs):
+        self.manifest, self.image, self.procs = manifest, image, procs
+        self.pods = kubelet.jobset_pods(manifest, claims)
+        self.network = '%s-%s' % (manifest['metadata']['name'],
+                                  uuid.uuid4().hex[:6])
+        self.restarts, self.attempts = 0, []
+        assert podman('network', 'create', self.network).returncode == 0
+
+    def start(self):
+        """Every pod's container, for a new attempt of the set."""
+        attempt = len(self.attempts)
+        self.attempts.append({pod.hostname: self.procs.start(
+            kubelet.podman_run(pod, self.image, self.network,
+                               '%s-%d' % (self.network, attempt)),
+            '%s-%d' % (pod.hostname, attempt)) for pod in self.pods})
+
+    def container(self, hostname):
+        return '%s-%d-%s' % (self.network, len(self.attempts) - 1, hostname)
+
+    def pods_of(self, replicated_job):
+        running = self.attempts[-1]
+        return [running[pod.hostname] for pod in self.pods
+                if pod.replicated_job == replicated_job]
+
+    def run(self, timeout):
+        """Attempts of the set until its workers succeed (True) or it fails
+        for good (False), within timeout seconds."""
+        deadline = time.time() + timeout
+        jobs = replicated_jobs(self.manifest)
+        policy = self.manifest['spec']
+        while time.time() < deadline:
+            running = self.attempts[-1]
+            failed = [pod for pod in self.pods
+                      if not pod.restarts_in_place and running[
+                          pod.hostname].poll() not in (None, 0)]
+            if failed:
+                if self.restarts == policy['failurePolicy']['maxRestarts']:
+                    return False
+                self.restarts += 1
+                self.stop()
+                self.start()
+                continue
+            targets = [p for job in policy['successPolicy'][
+                'targetReplicatedJobs'] for p in self.pods_of(job)]
+            assert set(jobs) >= set(policy['successPolicy'][
+                'targetReplicatedJobs'])
+            if all(p.poll() == 0 for p in targets):
+                return True
+            time.sleep(0.2)
+        pytest.fail('the JobSet %s did not end within %d s'
+                    % (self.network, timeout))
+
+    def stop(self):
+        """The containers of the attempt, stopped as the pods of a deleted
+        Job are: SIGTERM, then SIGKILL after the grace period."""
+        names = [self.container(pod.hostname) for pod in self.pods]
+        podman('stop', '--ignore', '--time=5', *names, timeout=60)
+        self.procs.wait_all(list(self.attempts[-1].values()), 30)
+
+    def remove(self):
+        for attempt in range(len(self.attempts)):
+            podman('rm', '--force', '--ignore', '--time=0', *[
+                '%s-%d-%s' % (self.network, attempt, pod.hostname)
+                for pod in self.pods], timeout=60)
+        podman('network', 'rm', '--force', self.network, timeout=60)
+
+    def left(self):
+        return (podman('ps', '--all', '--quiet',
+                       '--filter=name=' + self.network).stdout,
+                podman('network', 'exists', self.network).returncode == 0)
+
+
+def shortened(manifest, *flags):
+    """The manifest's run cut to a test's: 10 epochs of 100 ms steps of the
+    small data, a checkpoint every second."""
+    for job in replicated_jobs(manifest).values():
+        container, = job['template']['spec']['containers']
+        container['args'] = [a.replace('--epochs=50', '--epochs=10')
+                             for a in container['args']] + [
+            '--validation_size=100', '--step_delay_ms=100',
+            '--save_checkpoint_secs=1', '--print_every_epochs=1'] + list(
+                flags)
+    return manifest
+
+
+@pytest.mark.slow
+def test_jobsets_in_containers(image, procs, small_data, tmp_path):
+    """Both JobSets side by side, pod by pod in containers; the async one's
+    ps killed mid-run: the set restarts and resumes from the checkpoint in
+    its logdir."""
+    data = tmp_path / 'data'
+    shutil.copytree(small_data, str(data / 'mnist'))
+    runs = {}
+    try:
+        for mode in ('async', 'sync'):
+            logs = tmp_path / ('logs-' + mode)
+            logs.mkdir()
+            runs[mode] = JobSetRun(shortened(jobset(mode)), image, {
+                'mnist-data': str(data), 'mnist-logs': str(logs)}, procs)
+            runs[mode].logs = logs
+            runs[mode].start()
+        killed = runs['async']
+        chief, = killed.pods_of('workers')[:1]
+        procs.wait_for_output(chief, r'^worker=0,epoch=2,', START_UP)
+        assert list((killed.logs / 'async').glob('model.ckpt-*.index'))
+        podman('kill', '--signal=KILL',
+               killed.container('mnist-dist-async-ps-0-0'), timeout=30)
+        outcome = {mode: run.run(240) for mode, run in runs.items()}
+        # The ps and the evaluator end by themselves once the workers
+        # have.
+        for run in runs.values():
+            procs.wait_all(list(run.attempts[-1].values()), 30)
+    finally:
+        for run in runs.values():
+            run.remove()
+    assert outcome == {'async': True, 'sync': True}
+    assert (killed.restarts, runs['sync'].restarts) == (1, 0)
+    for mode, run in runs.items():
+        last = run.attempts[-1]
+        outputs = {host: assert_clean_exit(procs, proc, 0)
+                   for host, proc in last.items()}
+        workers = [o for host, o in sorted(outputs.items())
+                   if '-workers-' in host]
+        assert [sorted(final_accuracies(o)) for o in workers] == [
+            [0], [1], [2]]
+        # The chief's last step exported, and measured by the evaluator.
+        [(_, step)] = FINAL_STEP.findall(workers[0])
+        evaluator, = [o for host, o in outputs.items()
+                      if '-evaluator-' in host]
+        assert evaluations(evaluator)[-1][0] == int(step)
+        assert os.listdir(run.logs / ('%s-serving' % mode)) == [step]
+        assert run.left() == ('', False)
+    # The restarted set resumed at its saved step, and completed.
+    restored = re.search(r'^worker=0: restored the model from \S+ at '
+                         r'global_step=(\d+), ', procs.output(
+                             killed.pods_of('workers')[0]), re.M)
+    assert restored and int(restored.group(1)) > 0
