@@ -223,10 +223,11 @@ def test_jobset_manifest(mode):
     assert kubelet.crd_problems(manifest) == []
     spec = manifest['spec']
     assert manifest['metadata']['labels']['kueue.x-k8s.io/queue-name']
-    # The set succeeds on its workers alone; the chief exports before it
-    # ends, so a finished set that deletes a running evaluator loses none.
-    assert spec['successPolicy'] == {'operator': 'All',
-                                     'targetReplicatedJobs': ['workers']}
+    # The set succeeds once its workers and its evaluator have: a finished
+    # set deletes the Jobs still running, and the evaluator's last
+    # measurement would go with it.
+    assert spec['successPolicy'] == {
+        'operator': 'All', 'targetReplicatedJobs': ['workers', 'evaluator']}
     assert spec['failurePolicy']['maxRestarts'] >= 1
     # A ps or a worker that fails fails its Job, which restarts the set: it
     # does not restart in place.
