@@ -200,9 +200,8 @@ class Task:
         with tempfile.NamedTemporaryFile('w', suffix='.log',
                                          delete=False) as log:
             self.log = log.name
-        self.proc = forked.Task(target, args,
-                                dict(os.environ, PYTHONUNBUFFERED='1'),
-                                self.log, self.log)
+        self.proc = forked.Task(target, args, dict(os.environ), self.log,
+                                self.log)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.exited = None

@@ -32,7 +32,7 @@ def warm_up():
     """Starts the forkserver, which imports PRELOAD meanwhile. TensorFlow
     reads its C++ log level as it is imported: the scripts' own default,
     set before."""
-    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
     from multiprocessing import forkserver
     forkserver.ensure_running()
 
@@ -51,7 +51,9 @@ class Task:
         self._process = _forkserver.Process(
             target=_run, args=(target, list(args), env, stdout, stderr,
                                netns),
-            name=target, daemon=False)
+            # Daemonic: ended with the process that started it, which may
+            # not outlive a task that serves until killed.
+            name=target, daemon=True)
         # multiprocessing's child imports the parent's __main__ to find a
         # pickled function; _run is found in this module, and a __main__
         # that defines flags (bench.bench) would clash with the target's.

@@ -13,9 +13,9 @@ from ps_cluster.logdir import chief_done, chief_left
 
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
-# Without the chief's word, how many polls with neither a checkpoint nor an
-# answer of the chief's make it gone: one probe can miss a busy chief that
-# is still saving its last checkpoint.
+# Without the chief's word, the chief is gone after this many polls' time
+# with neither a checkpoint nor an answer of its: one probe can miss a busy
+# chief that is still saving its last checkpoint.
 SILENT_POLLS = 3
 
 

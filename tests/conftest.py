@@ -247,9 +247,9 @@ def pytest_configure():
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Seconds a wait allows for start-up: each process pays TensorFlow's import
-# (6 to 8 CPU-s with TF 2.21), and a test may start 17 at once on 2 cores:
-# over 60 s of imports before the last one trains.
+# Seconds a wait allows for start-up: a task started as a new interpreter
+# (procs.start) pays TensorFlow's import, 6 to 8 CPU-s with TF 2.21, and a
+# test may start several at once on 2 cores beside the other test process.
 START_UP = 180
 
 
@@ -361,11 +361,14 @@ class Processes:
 
     def kill_all(self):
         for proc in self.running:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            # A task that has ended and been waited for may have lent its
+            # pid to another process.
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:  # a fork not yet in its session
+                    proc.kill()
+            proc.wait(30)
             proc.log.close()
             proc.err.close()
 

@@ -125,7 +125,8 @@ def jobset_pods(manifest, claims):
         pod = job['template']['spec']
         _only('pod', pod, path + '.template.spec.template.spec')
         container, = pod['containers']
-        _only('container', container, path + '.containers[0]')
+        _only('container', container,
+              path + '.template.spec.template.spec.containers[0]')
         volumes = {v['name']: claims[v['persistentVolumeClaim']['claimName']]
                    for v in pod.get('volumes', [])}
         for job_index in range(replicated.get('replicas', 1)):

@@ -293,8 +293,10 @@ class JobSetRun:
     """A JobSet run here as Kubernetes would run it: each pod a podman
     container of the image on a network of the set's own, started as the
     kubelet starts it (kubelet.py), and this test as the JobSet controller:
-    the set succeeds once every worker has; a ps or a worker that fails
-    restarts the whole set, up to failurePolicy.maxRestarts."""
+    the set succeeds once every pod of successPolicy's jobs has; a ps or a
+    worker that fails restarts the whole set, up to
+    failurePolicy.maxRestarts. An evaluator that fails is not restarted in
+    place here: the run waits out its timeout."""
 
     def __init__(self, manifest, image, claims, procs):
         self.manifest, self.image, self.procs = manifest, image, procs
