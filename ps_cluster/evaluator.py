@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
 from ps_cluster.exits import TaskFailed
-from ps_cluster.logdir import chief_done, chief_left
+from ps_cluster.logdir import checkpoint_step, chief_done, chief_left
 
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
@@ -138,9 +138,5 @@ def _kept_since(logdir, step, latest):
     latest among them."""
     state = tf.train.get_checkpoint_state(logdir)
     paths = set(state.all_model_checkpoint_paths if state else []) | {latest}
-    return sorted((p for p in paths if _step_of(p) > step), key=_step_of)
-
-
-def _step_of(path):
-    """The global step in a checkpoint's name, model.ckpt-STEP."""
-    return int(path.rpartition('-')[2])
+    return sorted((p for p in paths if checkpoint_step(p) > step),
+                  key=checkpoint_step)

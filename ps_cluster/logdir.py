@@ -23,6 +23,12 @@ def chief_left(path, since):
     return _marker(path, CHIEF_LEFT, since)
 
 
+def checkpoint_step(path):
+    """The global step in a checkpoint's name: Saver names it
+    model.ckpt-STEP."""
+    return int(path.rpartition('-')[2])
+
+
 def chief_done(path, since):
     """The global step of the chief's last checkpoint, if it ended its run
     after `since` (a time); else None."""
@@ -124,8 +130,7 @@ class Logdir:
             if not errors.is_lost(e):
                 self.failed('save a checkpoint', e)
             return None
-        # Saver names it model.ckpt-STEP.
-        return int(path.rpartition('-')[2])
+        return checkpoint_step(path)
 
     def close_summaries(self, writer):
         """Closes the summary writer, or gives up on it after CLOSE_SECS

@@ -20,7 +20,7 @@ CRD = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
 
 Pod = collections.namedtuple('Pod', [
     'hostname', 'fqdn', 'replicated_job', 'env', 'argv', 'mounts',
-    'cpu_shares', 'ports', 'restarts_in_place'])
+    'cpu_shares', 'restarts_in_place'])
 
 # The fields translated, by where they sit; a field elsewhere fails.
 KNOWN = {
@@ -153,7 +153,6 @@ def jobset_pods(manifest, claims):
                       m.get('readOnly', False))
                      for m in container.get('volumeMounts', [])],
                     cpu and _cpu_shares(str(cpu)),
-                    [p['containerPort'] for p in container.get('ports', [])],
                     pod['restartPolicy'] == 'OnFailure'))
     return pods
 
