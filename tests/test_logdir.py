@@ -413,7 +413,7 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     runs = {}
     for script in SCRIPTS:
         flags = ['--data_dir=' + small_data, '--validation_size=100',
-                 '--print_every_epochs=1', '--epochs=150',
+                 '--print_every_epochs=1', '--epochs=80',
                  '--step_delay_ms=10',
                  '--logdir=' + str(tmp_path / script / 'logdir')]
         ports = free_ports(4)
@@ -446,7 +446,7 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     # Worker 1's global step never went back.
     _, _, (_, workers) = runs['async']
     steps = [int(s) for s in STEPS.findall(procs.output(workers[1]))]
-    assert steps == sorted(steps) and len(steps) == 150
+    assert steps == sorted(steps) and len(steps) == 80
 
 
 @pytest.mark.slow

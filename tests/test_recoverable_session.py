@@ -128,7 +128,7 @@ def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
 
 
 # Long enough to be stopped mid-run: 10 steps an epoch on the small data.
-LONG_RUN = ['--epochs=100', '--print_every_epochs=1', '--validation_size=100',
+LONG_RUN = ['--epochs=40', '--print_every_epochs=1', '--validation_size=100',
             '--step_delay_ms=10']
 
 
@@ -157,15 +157,17 @@ def test_a_restarted_or_paused_ps_costs_no_worker_its_run(
                                     name=script + '-ps-paused-')
               for script in ('async', 'sync')}
     silent = procs.cluster('async', free_ports, '--data_dir=' + small_data,
-                           *LONG_RUN[1:], '--epochs=60',
+                           *LONG_RUN[1:], '--epochs=30',
                            '--worker_timeout=60', name='workers-paused-')
     runs = []
     for script, num_ps, restarts in (('async', 1, 2), ('sync', 1, 1),
                                      ('sync', 2, 1)):
         name = '%s-%dps-' % (script, num_ps)
         logdir = tmp_path / (name + 'logdir')
+        # Restarted twice: long enough to outlast the pause between.
         flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
-                 '--save_checkpoint_secs=1'] + LONG_RUN
+                 '--save_checkpoint_secs=1'] + LONG_RUN + [
+                     '--epochs=%d' % (40 * restarts)]
         ports = free_ports(num_ps + 3)
         ps, workers = procs.cluster(script, lambda n: ports, *flags,
                                     num_ps=num_ps, name=name)
