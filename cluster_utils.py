@@ -382,6 +382,7 @@ def training_log(sv, sess, global_step, mnist, accuracy_op, x_p, y_p):
     --logdir/staleness; and the chief's summaries of accuracy_op on
     mnist's splits."""
     def accuracy_on(split):
+        split = mnist_data.as_float(split)
         return sess.run(accuracy_op, {x_p: split.images, y_p: split.labels})
     # Only the sync script's accumulators drop stale gradients.
     staleness = Staleness(drops_stale='replicas_to_aggregate' in FLAGS)
@@ -402,13 +403,14 @@ def evaluate(model, loss_and_accuracy, mnist, last_step):
     answers, and --eval_timeout after. It ends the task; first, one line if
     it cannot write its summaries in --logdir."""
     _check(Logdir(FLAGS.logdir, _task_name()))
-    split = getattr(mnist, FLAGS.eval_split)
+    split = mnist_data.as_float(getattr(mnist, FLAGS.eval_split))
     chief = _place.cluster.task_address('worker', 0)
     evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
                      FLAGS.logdir, last_step, FLAGS.eval_timeout,
                      mnist_data.IMAGE_PIXELS,
                      on_last=lambda step, values: _export(
-                         model, values, step, mnist.test),
+                         model, values, step,
+                         mnist_data.as_float(mnist.test)),
                      chief_answers=lambda: probes.answers(chief))
     _end.leave()
 
@@ -426,7 +428,8 @@ def export(sess, model, mnist):
             parts[variable.op.name.split('/part_')[0]].append(value)
         values = {name: np.concatenate(part) if len(part) > 1 else part[0]
                   for name, part in parts.items()}
-        _export(model, values, values['global_step'], mnist.test)
+        _export(model, values, values['global_step'],
+                mnist_data.as_float(mnist.test))
 
 
 def _export(model, values, step, test):

@@ -178,7 +178,8 @@ def main(_):
                   % (FLAGS.task_index, epoch, gstep, lstep, loss), flush=True)
             log.accuracies(gstep)
 
-    feed_dict = {x_p: mnist.test.images, y_p: mnist.test.labels}
+    test = mnist_data.as_float(mnist.test)
+    feed_dict = {x_p: test.images, y_p: test.labels}
     accuracy = sess.run(accuracy_op, feed_dict=feed_dict)
     print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
           flush=True)

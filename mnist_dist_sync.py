@@ -214,7 +214,8 @@ def main(_):
             log.accuracies(gstep)
     tokens.release(sess)
 
-    feed_dict = {x_p: mnist.test.images, y_p: mnist.test.labels}
+    test = mnist_data.as_float(mnist.test)
+    feed_dict = {x_p: test.images, y_p: test.labels}
     accuracy = sess.run(accuracy_op, feed_dict=feed_dict)
     print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
           flush=True)

@@ -160,7 +160,8 @@ def single_process_to_target(mnist, intra, inter):
     model = single_process()
     config = tf.ConfigProto(intra_op_parallelism_threads=intra,
                             inter_op_parallelism_threads=inter)
-    test = {model.x: mnist.test.images, model.y_: mnist.test.labels}
+    images, labels = mnist_data.as_float(mnist.test)
+    test = {model.x: images, model.y_: labels}
     reached = None
     with tf.Session(graph=model.graph, config=config) as sess:
         sess.run(model.init_op)

@@ -348,11 +348,12 @@ import numpy as np
 import tensorflow as tf
 import mnist_data
 test = mnist_data.read_data_sets(sys.argv[1], 100).test
+images = mnist_data.as_float(test).images
 for path in sys.argv[2:]:
     serve = tf.saved_model.load(path).signatures['serving_default']
-    out = serve(images=tf.constant(test.images))
+    out = serve(images=tf.constant(images))
     assert np.allclose(np.sum(out['probabilities'], 1), 1, atol=1e-5)
-    print(np.mean(out['classes'].numpy() == np.argmax(test.labels, 1)))
+    print(np.mean(out['classes'].numpy() == test.labels))
 """
 
 

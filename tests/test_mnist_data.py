@@ -55,17 +55,25 @@ def test_read_data_sets_split(tmp_path):
     assert mnist.train.images.shape == (250, 784)
     assert mnist.validation.images.shape == (50, 784)
     assert mnist.test.images.shape == (40, 784)
-    assert mnist.train.labels.shape == (250, 10)
+    assert mnist.train.labels.shape == (250,)
+    # Kept as stored: a byte a pixel and a label.
     for split in mnist:
-        assert split.images.dtype == np.float32
-        assert 0 <= split.images.min() and split.images.max() <= 1
-        np.testing.assert_array_equal(split.labels.sum(axis=1), 1)
+        assert split.images.dtype == split.labels.dtype == np.uint8
     # The validation images are the first ones of the training file.
     raw = mnist_data.read_idx(str(tmp_path / 'train-images-idx3-ubyte.gz'))
-    np.testing.assert_allclose(mnist.validation.images,
-                               raw[:50].reshape(50, 784) / 255)
-    np.testing.assert_allclose(mnist.train.images,
-                               raw[50:].reshape(250, 784) / 255)
+    np.testing.assert_array_equal(mnist.validation.images,
+                                  raw[:50].reshape(50, 784))
+    np.testing.assert_array_equal(mnist.train.images,
+                                  raw[50:].reshape(250, 784))
+
+
+def test_as_float_is_what_the_model_takes():
+    split = mnist_data.Split(np.array([[0, 51, 255]], np.uint8),
+                             np.array([3], np.uint8))
+    images, labels = mnist_data.as_float(split)
+    assert images.dtype == labels.dtype == np.float32
+    np.testing.assert_allclose(images, [[0, 0.2, 1]])
+    np.testing.assert_array_equal(labels, [[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]])
 
 
 def test_read_data_sets_smaller_than_validation(tmp_path):
@@ -84,14 +92,17 @@ def test_read_data_sets_wrong_shape(tmp_path):
 
 
 def test_epoch_batches_cover_the_split_once():
-    split = mnist_data.Split(np.arange(10.0)[:, None], np.arange(10)[:, None])
+    # Image k is all pixels k, its label k % 10.
+    split = mnist_data.Split(np.repeat(np.arange(10, dtype=np.uint8), 784)
+                             .reshape(10, 784), np.arange(10, dtype=np.uint8))
     batches = list(mnist_data.epoch_batches(
         split, 3, np.random.default_rng(0)))
     assert [len(x) for x, _ in batches] == [3, 3, 3]
-    seen = np.concatenate([x for x, _ in batches]).ravel()
-    assert len(set(seen)) == 9
-    for x, y in batches:  # images and labels stay paired
-        np.testing.assert_array_equal(x, y)
+    seen = np.concatenate([x[:, 0] for x, _ in batches]) * 255
+    assert len(set(np.round(seen))) == 9
+    for x, y in batches:  # as_float, images and labels still paired
+        assert x.dtype == y.dtype == np.float32
+        np.testing.assert_allclose(x[:, 0] * 255, np.argmax(y, 1))
 
 
 def test_download_checks_sha256(http_server, tmp_path):
