@@ -72,6 +72,12 @@ flags.DEFINE_bool('split_w', False,
                   'placing it whole on one ps as in the book.')
 flags.DEFINE_integer('validation_size', 5000,
                      'Training images held out for validation.', lower_bound=0)
+flags.DEFINE_integer('pool_threads', 0,
+                     'Threads in each of this task\'s thread pools: '
+                     'TensorFlow\'s intra-op and inter-op pools, and its '
+                     'gRPC client\'s. 0: its share of the CPUs it may use '
+                     '(its affinity, its cgroup\'s quota), divided among '
+                     'the cluster\'s tasks on its host.', lower_bound=0)
 flags.DEFINE_float('gpu_memory_fraction', 0.2,
                    'Share of a GPU\'s memory each worker may take, so that '
                    'several workers fit on one GPU.')
@@ -188,6 +194,7 @@ def end_in_one_line():
 # This task's host:port and place in the cluster, once cluster_hosts() has
 # found them.
 _address = _place = None
+_threads = 0
 
 
 def cluster_hosts():
@@ -240,12 +247,28 @@ def cluster_hosts():
     print('%s: cluster from %s: ps %s, workers %s; %s'
           % (_place.name, source, ','.join(cluster.job_tasks('ps')),
              ','.join(cluster.job_tasks('worker')), here), flush=True)
+    if _address:
+        _size_pools(cluster.as_dict())
     if FLAGS.job_name == 'worker':
         # A worker that ends on purpose, from its start-up checks on, tells
         # the ps tasks why: the others quote it instead of waiting for it.
         # At start, a ps started beside it may not be up yet.
         _end.before_leaving(_telling(_end.LAST_WORDS_SECS - 1))
     return cluster.as_dict()
+
+
+def _size_pools(cluster):
+    """This task's thread pools: --pool_threads, or its share of the host's
+    CPUs. One line says which; TensorFlow's own defaults take every CPU in
+    every task, as if each had the host alone."""
+    global _threads
+    if FLAGS.pool_threads:
+        _threads, why = FLAGS.pool_threads, '--pool_threads'
+    else:
+        _threads, why = server.cpu_share(cluster, _address)
+    print('%s: %d thread(s) a pool: %s' % (_place.name, _threads, why),
+          flush=True)
+    server.size_grpc_client(_threads)
 
 
 def _telling(secs=0):
@@ -461,10 +484,10 @@ def leave():
 
 
 def session_config():
-    """The config of this task's server and sessions: the book's, and a
-    worker's device filter."""
+    """The config of this task's server and sessions: the book's, a
+    worker's device filter, and the pools' size."""
     return server.session_config(FLAGS.job_name, FLAGS.task_index,
-                                 FLAGS.gpu_memory_fraction)
+                                 FLAGS.gpu_memory_fraction, _threads)
 
 
 def _chief_logdir():
