@@ -186,11 +186,34 @@ start_task worker $((num_workers - 1)) "$@" ${slow_ms:+--step_delay_ms="$slow_ms
 worker_pids+=($!)
 if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
-failed=0
-for ((i = 0; i < num_workers; i++)); do
-  wait "${worker_pids[i]}"
-  worker_status[i]=$?
-  ((worker_status[i] == 0)) || failed=1
+why() {  # LOG: the task's own line that says why it ended, indented
+  grep -E ': error: |: interrupted$|: every worker has ended; ' "$1" |
+    tail -n 1 | sed 's/^/    /'
+}
+killed() {  # STATUS LOG: the signal that killed a task that said nothing
+  ((${1} > 128)) && [[ -z $(why "$2") ]] && kill -l $(($1 - 128))
+}
+
+# The workers, as each ends. One that a signal killed told nobody: the
+# launcher marks it as left on the ps tasks (launcher/tell_ps.py, whose
+# TensorFlow chatter goes to the worker's log), which would otherwise wait
+# --worker_timeout for it to come back.
+failed=0 running=$num_workers
+while ((running > 0)); do
+  for ((i = 0; i < num_workers; i++)); do
+    [[ -z ${worker_status[i]:-} ]] || continue
+    kill -0 "${worker_pids[i]}" 2>/dev/null && continue
+    wait "${worker_pids[i]}"
+    worker_status[i]=$? running=$((running - 1))
+    ((worker_status[i] == 0)) || failed=1
+    signal=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
+    if [[ -n $signal ]]; then
+      (trap '' INT; cd "$here" && exec "$python" -m launcher.tell_ps \
+        "$ps_hosts" "$worker_hosts" "$i" "killed by SIG$signal, as $0 saw" \
+        >> "$run_dir/worker$i.log" 2>&1)
+    fi
+  done
+  ((running > 0)) && sleep 0.2
 done
 # The ps tasks leave on their own within a second or so of the last worker.
 for _ in {1..100}; do
@@ -213,20 +236,21 @@ for pid in "${evaluator_pids[@]}"; do
   ((evaluator_status == 0)) || failed=1
 done
 
-why() {  # LOG: the task's own line that says why it ended, indented
-  grep -E ': error: |: interrupted$' "$1" | tail -n 1 | sed 's/^/    /'
-}
 echo "---- $mode, $num_workers workers, logs in $run_dir"
+# A ps that ended after the workers, as it should, goes without saying.
 for ((i = 0; i < num_ps; i++)); do
-  if ((ps_status[i] != 0)); then
+  ended=$(why "$run_dir/ps$i.log")
+  if ((ps_status[i] != 0)) || [[ -n $ended ]]; then
     echo "ps $i: exit ${ps_status[i]}"
-    why "$run_dir/ps$i.log"
+    [[ -n $ended ]] && echo "$ended"
   fi
 done
 for ((i = 0; i < num_workers; i++)); do
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
   echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
   ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
+  signal=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
+  [[ -n $signal ]] && echo "    killed by SIG$signal"
 done
 if ((evaluator)) && ((evaluator_status != 0)); then
   echo "evaluator: exit $evaluator_status"

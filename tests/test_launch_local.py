@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import mnist_data
-from conftest import (START_UP, final_accuracies, left_running, listeners,
-                      listening, own_lines, write_dataset)
+from conftest import (REPO, START_UP, final_accuracies, left_running,
+                      listeners, listening, own_lines, write_dataset)
 
 # Not in the fast tier; real processes, in turn with the others (pytest.ini).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('real')]
@@ -61,6 +61,77 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
     assert 'oneDNN' not in output
     assert left_running(launcher) == []
     assert listeners(range(base, base + 4)) == []
+
+
+# What a task of launch_local.sh holds as it trains, at most: the figures
+# of docs/benchmark.md (its pools at 1 thread, 2 CPUs shared by 3 tasks;
+# Fashion-MNIST's 70,000 images would add 55 MB to a worker).
+MOST_THREADS = {'ps': 45, 'worker': 55}
+MOST_RSS_MB = {'ps': 700, 'worker': 720}
+
+
+def task_pids(launcher):
+    """{(job, index): pid} of the tasks the launcher started."""
+    pids = {}
+    for pid in left_running(launcher):
+        try:
+            with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                argv = f.read().decode().split('\0')
+        except OSError:  # it has ended
+            continue
+        flags = dict(arg[2:].split('=', 1) for arg in argv
+                     if arg.startswith('--') and '=' in arg)
+        if any(arg.startswith(REPO) and arg.endswith('.py')
+               for arg in argv) and 'job_name' in flags:
+            pids[flags['job_name'], int(flags['task_index'])] = pid
+    return pids
+
+
+def status_of(pid):
+    with open('/proc/%d/status' % pid) as f:
+        return dict(line.split(':', 1) for line in f)
+
+
+@pytest.mark.parametrize('script', ['async', 'sync'])
+def test_a_killed_worker_is_named_and_nothing_waits_for_it(
+        procs, tmp_path, free_port_run, small_data, script):
+    """Worker 1 SIGKILLed mid-run, which lets it say nothing: the launcher
+    tells the ps, which ends by itself once worker 0 has, naming it; the
+    summary says why each task ended. Before it, each task's threads and
+    memory, read from /proc as a user would, within the docs' figures."""
+    base = free_port_run(3)
+    launcher = launch(procs, tmp_path, '-H', '-n', '2', '-b', str(base),
+                      script, '--data_dir=' + small_data, '--epochs=8',
+                      '--print_every_epochs=1', '--validation_size=100',
+                      '--step_delay_ms=30')
+    procs.wait_for_output(launcher, r'^worker=1,epoch=1,', START_UP)
+    pids = task_pids(launcher)
+    assert sorted(pids) == [('ps', 0), ('worker', 0), ('worker', 1)]
+    for (job, _), pid in pids.items():
+        status = status_of(pid)
+        assert int(status['Threads']) <= MOST_THREADS[job], status
+        assert int(status['VmRSS'].split()[0]) // 1024 <= MOST_RSS_MB[job]
+    os.kill(pids['worker', 1], signal.SIGKILL)
+    procs.wait_all([launcher], 120)
+    output = procs.output(launcher)
+    assert launcher.returncode == 1, output
+    summary = output[output.index('---- %s' % script):].splitlines()[1:]
+    assert summary[:2] == [
+        'ps 0: exit 0',
+        '    /job:ps/task:0: every worker has ended; /job:worker/task:1 '
+        '(localhost:%d) left: "killed by SIGKILL, as ./launch_local.sh '
+        'saw"' % (base + 2)], output
+    assert re.fullmatch(r'worker 0: exit 0, final accuracy = 0\.\d+',
+                        summary[2]), output
+    assert summary[3:] == ['worker 1: exit 137, final accuracy = none',
+                           '    killed by SIGKILL'], output
+    # The ps left by itself, within 10 s of the last worker, not killed.
+    logs = tmp_path / 'run'
+    assert (os.path.getmtime(logs / 'ps0.log')
+            - os.path.getmtime(logs / 'worker0.log')) < 10
+    assert 'did not exit' not in output
+    assert left_running(launcher) == []
+    assert listeners(range(base, base + 3)) == []
 
 
 def test_launcher_reports_failure(procs, tmp_path, free_port_run):
