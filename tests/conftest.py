@@ -484,11 +484,12 @@ def network_hosts(n, delay_ms=0):
 # ------------------------------------------------- shared by the cluster tests
 
 # Long enough to be killed mid-run, however long the clusters beside it take
-# to start: 10 steps an epoch on the small data. 10 ms a step leaves the
-# cores to the processes that start beside a run, not to its training. A ps
-# waits 5 s for the workers killed here, not --worker_timeout's 120.
+# to start: 10 steps an epoch on the small data. 30 ms a step leaves the
+# cores to the processes that start beside a run, not to its training: a
+# run that waits to be killed trains all the while. A ps waits 5 s for the
+# workers killed here, not --worker_timeout's 120.
 LONG_RUN = ['--epochs=30000', '--print_every_epochs=1',
-            '--validation_size=100', '--step_delay_ms=10',
+            '--validation_size=100', '--step_delay_ms=30',
             '--worker_timeout=5']
 SHORT_RUN = ['--epochs=2', '--validation_size=100']
 # Where a test waits for a fault to take its course, the two scripts' clusters
