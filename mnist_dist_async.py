@@ -25,6 +25,10 @@ import os
 # TensorFlow's C++ logs pages at start-up, and on a machine without a GPU
 # an ERROR line (cuInit failed) that reads as ours: FATAL only.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# TensorFlow 2.x imports Keras 3 as it starts, a third of each task's
+# start-up, which these graphs do not use; with this it looks for Keras 2
+# (tf_keras) instead, and starts without it.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 import numpy as np  # noqa: E402
 import tensorflow.compat.v1 as tf  # noqa: E402

@@ -30,9 +30,10 @@ _forkserver.set_forkserver_preload(PRELOAD)
 
 def warm_up():
     """Starts the forkserver, which imports PRELOAD meanwhile. TensorFlow
-    reads its C++ log level as it is imported: the scripts' own default,
-    set before."""
+    reads its C++ log level and which Keras to import as it is imported:
+    the scripts' own defaults, set before."""
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
     from multiprocessing import forkserver
     forkserver.ensure_running()
 

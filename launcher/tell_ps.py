@@ -12,6 +12,7 @@ import os
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')  # as the scripts do
 
 import tensorflow.compat.v1 as tf  # noqa: E402
 
