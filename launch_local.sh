@@ -206,10 +206,11 @@ while ((running > 0)); do
     wait "${worker_pids[i]}"
     worker_status[i]=$? running=$((running - 1))
     ((worker_status[i] == 0)) || failed=1
-    signal=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
-    if [[ -n $signal ]]; then
+    worker_signal[i]=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
+    if [[ -n ${worker_signal[i]} ]]; then
       (trap '' INT; cd "$here" && exec "$python" -m launcher.tell_ps \
-        "$ps_hosts" "$worker_hosts" "$i" "killed by SIG$signal, as $0 saw" \
+        "$ps_hosts" "$worker_hosts" "$i" \
+        "killed by SIG${worker_signal[i]}, as $0 saw" \
         >> "$run_dir/worker$i.log" 2>&1)
     fi
   done
@@ -249,8 +250,7 @@ for ((i = 0; i < num_workers; i++)); do
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
   echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
   ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
-  signal=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
-  [[ -n $signal ]] && echo "    killed by SIG$signal"
+  [[ -n ${worker_signal[i]} ]] && echo "    killed by SIG${worker_signal[i]}"
 done
 if ((evaluator)) && ((evaluator_status != 0)); then
   echo "evaluator: exit $evaluator_status"
