@@ -127,9 +127,12 @@ def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
     assert died == []
 
 
-# Long enough to be stopped mid-run: 10 steps an epoch on the small data.
+# Long enough to be stopped mid-run: 10 steps an epoch on the small data,
+# 50 ms a step, so that a cluster up first is still training when the last
+# is up (at 10 ms one ended its 40 epochs before), with the CPU of 40
+# epochs.
 LONG_RUN = ['--epochs=40', '--print_every_epochs=1', '--validation_size=100',
-            '--step_delay_ms=10']
+            '--step_delay_ms=50']
 
 
 RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
