@@ -27,6 +27,8 @@ import time
 
 from absl import app, flags
 
+from launcher.compare import TIMING
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list('workers', ['3', '8', '16'], 'Cluster sizes to measure.')
 flags.DEFINE_integer('repeats', 1, 'Runs of each size, interleaved.',
@@ -37,10 +39,6 @@ flags.DEFINE_string('data_dir', '/usr/share/datasets/fashion-mnist',
 flags.DEFINE_string('repo', os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'The checkout whose launch_local.sh runs.')
 flags.DEFINE_string('json', 'bench_host.json', 'Where to write the figures.')
-
-CLOSING = re.compile(r'^worker=\d+, local_steps=\d+, global_step=\d+, '
-                     r'train_seconds=\S+, steps_per_sec=(\S+)$')
-
 
 def free_base(n):
     """A first port of n in a row that nothing listens on."""
@@ -122,14 +120,15 @@ def run(num_workers):
                     '\n'.join(line for _, line in lines[-10:])))
     firsts = [stamp for stamp, line in lines
               if re.match(r'worker=\d+, starting at ', line)]
-    speeds = [float(m.group(1)) for _, line in lines
-              for m in [CLOSING.match(line)] if m]
+    # Each worker's closing line: its steps/s last.
+    speeds = [float(m.group(5)) for _, line in lines
+              for m in [TIMING.match(line)] if m]
     figures = {'seconds_to_first_step': max(firsts) - started,
                'steps_per_sec': sum(speeds)}
     for job in ('ps', 'worker'):
-        seen = [figures for j, *figures in most.values() if j == job]
+        seen = [task for j, *task in most.values() if j == job]
         for k, name in enumerate(('threads', 'rss_mb', 'private_mb')):
-            figures['%s_%s' % (job, name)] = max(f[k] for f in seen)
+            figures['%s_%s' % (job, name)] = max(task[k] for task in seen)
     return figures
 
 
