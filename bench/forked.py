@@ -18,6 +18,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import threading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What every task imports. Not cluster_utils, whose flags would clash with
@@ -26,6 +27,9 @@ PRELOAD = ['tensorflow.compat.v1', 'numpy', 'absl.app', 'grpc']
 
 _forkserver = multiprocessing.get_context('forkserver')
 _forkserver.set_forkserver_preload(PRELOAD)
+# Tasks started from several threads take turns: each start swaps
+# __main__'s spec and file out and back.
+_starting = threading.Lock()
 
 
 def warm_up():
@@ -58,15 +62,16 @@ class Task:
         # multiprocessing's child imports the parent's __main__ to find a
         # pickled function; _run is found in this module, and a __main__
         # that defines flags (bench.bench) would clash with the target's.
-        main = sys.modules['__main__']
-        spec, path = main.__spec__, main.__dict__.pop('__file__', None)
-        main.__spec__ = None
-        try:
-            self._process.start()
-        finally:
-            main.__spec__ = spec
-            if path is not None:
-                main.__file__ = path
+        with _starting:
+            main = sys.modules['__main__']
+            spec, path = main.__spec__, main.__dict__.pop('__file__', None)
+            main.__spec__ = None
+            try:
+                self._process.start()
+            finally:
+                main.__spec__ = spec
+                if path is not None:
+                    main.__file__ = path
         self.pid = self._process.pid
 
     @property

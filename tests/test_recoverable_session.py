@@ -9,6 +9,7 @@ cost no worker its run. A ps that does not come back ends every worker:
 test_stall_watch.py, beside the stalled runs.
 """
 
+import concurrent.futures
 import glob
 import os
 import re
@@ -127,10 +128,9 @@ def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
     assert died == []
 
 
-# Long enough to be stopped mid-run: 10 steps an epoch on the small data,
-# 50 ms a step, so that a cluster up first is still training when the last
-# is up (at 10 ms one ended its 40 epochs before), with the CPU of 40
-# epochs.
+# Long enough to be struck mid-run: 10 steps an epoch on the small data, 50
+# ms a step, so that 35 epochs, 17 s at least, lie between the epoch at
+# which a test strikes a cluster and its end.
 LONG_RUN = ['--epochs=40', '--print_every_epochs=1', '--validation_size=100',
             '--step_delay_ms=50']
 
@@ -144,11 +144,11 @@ RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
 # once: the one killed holds a variable, the other the token queue, on which
 # the chief's training step may wait while its update loop stops on the
 # lost one. Paused, which ends, and connections that break, cost no run: the
-# ps stopped (SIGSTOP) for 20 s or more, async and sync, and once their
-# workers train again, the kernel closes the workers' connections to it, as
-# a busy network may (`ss -K`, root only, destroys the sockets: async steps
-# are short, and gRPC may connect again before one fails; sync workers wait
-# on the ps for tokens, and each recovers); and every worker of an async run
+# ps stopped (SIGSTOP) for 20 s, async and sync, and once their workers
+# train again, the kernel closes the workers' connections to it, as a busy
+# network may (`ss -K`, root only, destroys the sockets: async steps are
+# short, and gRPC may connect again before one fails; sync workers wait on
+# the ps for tokens, and each recovers); and every worker of an async run
 # stopped, as behind a cut network, for longer than a notice of a worker
 # gone and than the 15 s after which a ps once left: its ps waits
 # (--worker_timeout).
@@ -167,7 +167,7 @@ def test_a_restarted_or_paused_ps_costs_no_worker_its_run(
                                      ('sync', 2, 1)):
         name = '%s-%dps-' % (script, num_ps)
         logdir = tmp_path / (name + 'logdir')
-        # Restarted twice: long enough to outlast the pause between.
+        # 40 epochs a restart: each struck 35 epochs or more before the end.
         flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
                  '--save_checkpoint_secs=1'] + LONG_RUN + [
                      '--epochs=%d' % (40 * restarts)]
@@ -178,19 +178,15 @@ def test_a_restarted_or_paused_ps_costs_no_worker_its_run(
                          name=name, logdir=logdir, flags=flags, ports=ports,
                          ps=ps if num_ps > 1 else [ps], workers=workers,
                          lost=num_ps - 1))
-    # Each paused mid-run, however long the others take to start.
-    for ps, workers in paused.values():
-        procs.wait_for_epoch(workers, 5)
-        os.kill(ps.pid, signal.SIGSTOP)
-    procs.wait_for_epoch(silent[1], 2)
-    for worker in silent[1]:
-        os.kill(worker.pid, signal.SIGSTOP)
-    stopped = time.time()
-    for restart in (1, 2):
-        restart_ps(procs, [run for run in runs if run['restarts'] >= restart],
-                   restart)
-        if restart == 1:
-            resume_after_a_pause(procs, paused, silent, stopped)
+    # Each cluster struck at its own epochs, from a thread of its own: one
+    # waited for first could leave another's run ended before its fault.
+    with concurrent.futures.ThreadPoolExecutor(len(runs) + 3) as pool:
+        stories = [pool.submit(pause_ps, procs, *paused[script])
+                   for script in paused]
+        stories.append(pool.submit(pause_workers, procs, *silent))
+        stories += [pool.submit(restart_ps, procs, run) for run in runs]
+        for story in stories:
+            story.result()
     everything = list(paused.values()) + [silent]
     procs.wait_all([p for ps, workers in everything for p in workers + [ps]]
                    + [p for run in runs for p in run['workers'] + run['ps']],
@@ -219,61 +215,71 @@ def test_a_restarted_or_paused_ps_costs_no_worker_its_run(
                     assert 'joined the live model' in output
 
 
-def restart_ps(procs, runs, restart):
-    """Each run's ps `lost` killed mid-run and started again on its port,
-    for the restart-th time: every worker waits for it, the chief restores
+def restart_ps(procs, run):
+    """The run's ps `lost` killed mid-run and started again on its port,
+    run['restarts'] times: every worker waits for it, the chief restores
     the last checkpoint, and every worker resumes from there on."""
-    for run in runs:
+    lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
+    for restart in range(1, run['restarts'] + 1):
         procs.wait_for_epoch(run['workers'], 10 * restart - 5)
         assert glob.glob(str(run['logdir'] / 'model.ckpt-*.index'))
-        os.kill(run['ps'][run['lost']].pid, signal.SIGKILL)
-        run['killed'] = time.time()
-    for run in runs:
-        lost, ports, num_ps = run['lost'], run['ports'], run['num_ps']
+        os.kill(run['ps'][lost].pid, signal.SIGKILL)
+        killed = time.time()
         run['ps'][lost].wait()
         for i, worker in enumerate(run['workers']):
             procs.wait_for_output(
                 worker, r'^worker=%d: lost the connection to '
                         r'/job:ps/task:%d \(localhost:%d\); waiting up to '
-                        r'120 s for it$' % (i, lost, ports[lost]), 30,
-                count=restart, since=run['killed'])
+                        r'120 s for it$' % (i, lost, ports[lost]), START_UP,
+                count=restart, since=killed)
         run['ps'][lost] = procs.script(
             run['script'], 'ps', lost, ports[:num_ps], ports[num_ps:],
             *run['flags'], name=run['name'])
-        run['started'] = time.time()
-    for run in runs:
+        started = time.time()
         run['restored'] = int(procs.wait_for_output(
             run['workers'][0], RESTORED, START_UP, count=restart,
-            since=run['started']).group(1))
+            since=started).group(1))
         assert run['restored'] > 0
         for i, worker in enumerate(run['workers']):
             resumed = procs.wait_for_output(
                 worker, r'^worker=%d: resuming at global_step=(\d+)$' % i,
-                START_UP, count=restart, since=run['started'])
+                START_UP, count=restart, since=started)
             assert int(resumed.group(1)) >= run['restored']
 
 
-def resume_after_a_pause(procs, paused, silent, stopped):
-    """The paused tasks continued 20 s or more after they stopped, each
-    still running; then the workers' connections to each paused ps broken
-    once they train again."""
-    time.sleep(max(0, stopped + 20 - time.time()))
-    everything = list(paused.values()) + [silent]
-    assert all(p.poll() is None for ps, workers in everything
-               for p in workers + [ps])
-    for proc in [ps for ps, _ in paused.values()] + silent[1]:
-        os.kill(proc.pid, signal.SIGCONT)
-    if os.geteuid() == 0 and shutil.which('ss'):
-        for ps, workers in paused.values():
-            for i, worker in enumerate(workers):
-                epoch = r'^worker=%d,epoch=' % i
-                procs.wait_for_output(worker, epoch, 60, count=len(re.findall(
-                    epoch, procs.output(worker), re.M)) + 1)
-            port = ps_port(ps)
-            killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % port],
-                                    check=True, capture_output=True,
-                                    text=True, timeout=10).stdout
-            assert ':%d ' % port in killed  # one socket at least
-    else:
+# How long a paused task stays stopped.
+PAUSE_SECS = 20
+
+
+def pause_ps(procs, ps, workers):
+    """The ps stopped mid-run for PAUSE_SECS and continued; then, once
+    every worker trains again, the workers' connections to it broken."""
+    procs.wait_for_epoch(workers, 5)
+    os.kill(ps.pid, signal.SIGSTOP)
+    time.sleep(PAUSE_SECS)
+    assert all(p.poll() is None for p in workers + [ps])
+    os.kill(ps.pid, signal.SIGCONT)
+    if os.geteuid() != 0 or not shutil.which('ss'):
         warnings.warn(pytest.PytestWarning(
             'no connection broken: ss -K needs root and iproute2'))
+        return
+    for i, worker in enumerate(workers):
+        epoch = r'^worker=%d,epoch=' % i
+        procs.wait_for_output(worker, epoch, START_UP, count=len(re.findall(
+            epoch, procs.output(worker), re.M)) + 1)
+    port = ps_port(ps)
+    killed = subprocess.run(['ss', '-K', 'dport', '=', ':%d' % port],
+                            check=True, capture_output=True, text=True,
+                            timeout=10).stdout
+    assert ':%d ' % port in killed  # one socket at least
+
+
+def pause_workers(procs, ps, workers):
+    """Every worker stopped mid-run for PAUSE_SECS and continued."""
+    procs.wait_for_epoch(workers, 2)
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGSTOP)
+    time.sleep(PAUSE_SECS)
+    assert all(p.poll() is None for p in workers + [ps])
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGCONT)
