@@ -216,8 +216,9 @@ while ((running > 0)); do
   done
   ((running > 0)) && sleep 0.2
 done
-# The ps tasks leave on their own within a second or so of the last worker.
-for _ in {1..100}; do
+# The ps tasks leave on their own within a second or so of the last worker;
+# a busy machine may take longer.
+for _ in {1..600}; do
   kill -0 "${ps_pids[@]}" 2>/dev/null || break
   sleep 0.1
 done

@@ -10,16 +10,24 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import liveness
 
 
-def on_ps(cluster, index, fetches):
-    """fetches(beats, departures, farewell, reasons), of ps `index`'s
-    counters, run in a session of its own."""
+@contextlib.contextmanager
+def counters_on_ps(cluster, index):
+    """(session, [beats, departures, farewell, reasons]) of ps `index`'s
+    counters, in a graph and session of their own."""
     with tf.Graph().as_default():
         counters = [c for [c] in liveness.counters(
             cluster.num_tasks('worker'), [index])]
         with tf.Session('grpc://' + cluster.task_address('ps', index),
                         config=tf.ConfigProto(device_filters=[
                             '/job:ps/task:%d' % index])) as sess:
-            return sess.run(fetches(*counters))
+            yield sess, counters
+
+
+def on_ps(cluster, index, fetches):
+    """fetches(beats, departures, farewell, reasons), of ps `index`'s
+    counters, run in a session of its own."""
+    with counters_on_ps(cluster, index) as (sess, counters):
+        return sess.run(fetches(*counters))
 
 
 def beat(cluster, index):
@@ -36,13 +44,16 @@ def done(cluster, index):
 
 @contextlib.contextmanager
 def beating(cluster, index):
-    """Worker `index` beats every 0.1 s while the block runs."""
+    """Worker `index` beats on ps 0 every 0.1 s while the block runs, in
+    one session: a beat is a run, as a Watchdog's, not a new session."""
     stop = threading.Event()
 
     def beats():
-        while not stop.is_set():
-            beat(cluster, index)
-            time.sleep(0.1)
+        with counters_on_ps(cluster, 0) as (sess, (beats, *_)):
+            beat = tf.scatter_add(beats, [index], tf.constant([1], tf.int64))
+            while not stop.is_set():
+                sess.run(beat)
+                time.sleep(0.1)
 
     thread = threading.Thread(target=beats, daemon=True)
     thread.start()

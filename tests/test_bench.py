@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, START_UP
 
 # Not in the fast tier; real processes, in turn with the others (pytest.ini).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('real')]
@@ -36,7 +36,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     for run in figures['clusters'].values():
         assert run['steps_per_sec'] > 0
         assert run['seconds_to_all_training'] > 0
-        assert 0 <= run['seconds_last_step_to_all_gone'] < 30
+        assert run['seconds_last_step_to_all_gone'] >= 0
         assert run['accuracy'] > 0.5
     assert sorted(figures['tf2']) == [
         'TF 2.x PS strategy, 1 workers, 5 steps/function']
@@ -51,7 +51,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
     assert sorted(figures['seconds_to_target']) == sorted([
         'one process', 'async, 1 workers', 'sync, 1 workers',
         'async, 1 workers, 5 steps/run', tf2_best])
-    assert all(0 < s < 120 for s in figures['seconds_to_target'].values())
+    assert all(s > 0 for s in figures['seconds_to_target'].values())
     assert '| async, 1 workers |' in result.stdout
     assert '| TF 2.x PS strategy, 1 workers, 5 steps/function |' in (
         result.stdout)
@@ -64,7 +64,7 @@ def test_bench_reports_every_figure(small_data, tmp_path):
 def test_bench_measures_several_ps_tasks_only():
     result = subprocess.run(
         [sys.executable, '-m', 'bench.bench', '--ps_tasks=2,1'],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO, capture_output=True, text=True, timeout=START_UP)
     assert result.returncode == 1
     assert (": each must be 2 or more: the async rows are on 1 ps"
             in result.stderr)
@@ -79,7 +79,7 @@ def test_bench_scale_reports_every_figure(small_data, tmp_path):
         [sys.executable, '-m', 'bench.bench_scale', '--data_dir=' + small_data,
          '--validation_size=100', '--workers=3', '--seconds=2',
          '--json=' + str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     assert sorted(figures) == ['3']

@@ -120,7 +120,7 @@ def test_shard_data(procs, free_ports, small_data):
     ps, workers = procs.cluster('async', free_ports, '--data_dir=' + small_data,
                                 '--validation_size=100', '--epochs=3',
                                 '--shard_data', '--print_every_epochs=1')
-    procs.wait_all(workers + [ps], 120)
+    procs.wait_all(workers + [ps], START_UP)
     for i, worker in enumerate(workers):
         output = assert_clean_exit(procs, worker, 0)
         local_steps = re.findall(r'^worker=%d,epoch=\d+,global_step=\d+, '

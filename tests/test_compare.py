@@ -79,7 +79,7 @@ def test_straggler_table_and_chart(procs, tmp_path, free_port_run,
          str(free_port_run(4)), '-o', str(run_dir), 'straggler',
          '--data_dir=' + small_data, '--validation_size=100', '--epochs=6',
          '--print_every_epochs=2', '--learning_rate=0.5'], 'launcher')
-    procs.wait_all([launcher], 300)
+    procs.wait_all([launcher], 600)
     output = assert_clean_exit(procs, launcher, 0)
     assert left_running(launcher) == []
     assert re.search(r'^sync: .*, worker 2 20 ms slower a step, logs in ',

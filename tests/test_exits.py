@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import (LONG_RUN, SCRIPTS, assert_interrupted,
+from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_interrupted,
                       assert_one_error_line, ps_port)
 from ps_cluster import exits
 
@@ -88,7 +88,7 @@ def test_ctrl_c_on_the_ps_ends_every_worker_with_its_reason(
         os.killpg(ps.pid, signal.SIGINT)
     sent = time.time()
     for ps, workers in runs.values():
-        procs.wait_all([ps] + workers, 10, since=sent)
+        procs.wait_all([ps] + workers, START_UP, since=sent)
         assert_interrupted(procs, ps, 130, '/job:ps/task:0')
         for i, worker in enumerate(workers):
             assert_one_error_line(

@@ -313,7 +313,7 @@ def test_a_worker_lost_and_the_others_go_on(procs, free_ports, small_data):
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
         sent = dict(zip(runs, pool.map(lose_two, runs)))
     for script, (ps, workers) in runs.items():
-        procs.wait_all([workers[1]], 10, since=sent[script])
+        procs.wait_all([workers[1]], 60, since=sent[script])
         assert_interrupted(procs, workers[1], signals[script][1],
                            '/job:worker/task:1')
     procs.wait_all([p for ps, workers in runs.values()
@@ -384,7 +384,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     reason = assert_one_error_line(
         procs, chief, 2, '--logdir=%s: cannot write there' % a_file).split(
         ': error: ', 1)[1]
-    procs.wait_all([worker1, worker2, ps['logdir-']], 10)
+    procs.wait_all([worker1, worker2, ps['logdir-']], START_UP)
     for worker in (worker1, worker2):
         assert_one_error_line(
             procs, worker, 1, 'the chief, /job:worker/task:0',
@@ -398,7 +398,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     procs.wait_all(workers['data-'], START_UP)
     for worker in workers['data-']:  # the evaluator among them
         assert_one_error_line(procs, worker, 1, '1100 training images')
-    procs.wait_all([ps['data-']], 20)
+    procs.wait_all([ps['data-']], START_UP)
     assert re.search(r'^/job:ps/task:0: every worker has ended; '
                      r'/job:worker/task:0 \(localhost:\d+\) left \(and 2 '
                      r'more: their own lines say why\): "\S+ has 1100 '
@@ -410,9 +410,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     reason = assert_one_error_line(procs, chief, 1,
                                    '1100 training images').split(
         ': error: ', 1)[1]
-    procs.wait_all([worker1, worker2, ps['chief-']], 10)
-    # The evaluator looks every 2 s, once its own start-up is over.
-    procs.wait_all([evaluator], 20)
+    procs.wait_all([worker1, worker2, ps['chief-'], evaluator], START_UP)
     for worker in (worker1, worker2):
         assert_one_error_line(
             procs, worker, 1, 'the chief, /job:worker/task:0',
@@ -423,7 +421,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
 
     chief, worker1, worker2, evaluator = workers['sync-']
     procs.wait_for_output(chief, r'^worker=0, final accuracy = ', START_UP)
-    procs.wait_all(workers['sync-'] + [ps['sync-']], 30)
+    procs.wait_all(workers['sync-'] + [ps['sync-']], START_UP)
     reason = assert_one_error_line(procs, worker2, 1,
                                    '1100 training images').split(
         ': error: ', 1)[1]
@@ -445,7 +443,7 @@ def test_a_worker_that_fails_at_start_tells_the_others(procs, free_ports,
     # evaluator ends at the chief's last checkpoint, and exports it.
     chief, worker1, worker2, evaluator = workers['async-']
     procs.wait_all([chief, worker1], START_UP)
-    procs.wait_all([evaluator], 30)
+    procs.wait_all([evaluator], START_UP)
     assert_one_error_line(procs, worker2, 1, '1100 training images')
     for worker in (chief, worker1, evaluator):
         assert_clean_exit(procs, worker, 0)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mnist_data
-from conftest import REPO, write_dataset, write_idx
+from conftest import REPO, START_UP, write_dataset, write_idx
 
 
 def test_read_idx_round_trip(tmp_path):
@@ -162,7 +162,7 @@ def test_download_from_a_mirror_checks_sha256(http_server, tmp_path):
 def run_command_line(*args):
     return subprocess.run([sys.executable, 'mnist_data.py'] + list(args),
                           cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=START_UP)
 
 
 def test_command_line_checks_a_data_dir(small_data):

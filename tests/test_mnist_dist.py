@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from conftest import (REPO, final_accuracies, left_running, run_accuracy,
-                      script_help, staleness_of)
+from conftest import (REPO, START_UP, final_accuracies, left_running,
+                      run_accuracy, script_help, staleness_of)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -24,7 +24,8 @@ EPOCH_LINE = re.compile(r'^worker=(\d+),epoch=(\d+),global_step=(\d+), '
                         r'local_step=(\d+), loss=([0-9.e+-]+)$', re.M)
 
 
-def train(procs, free_ports, script, data_dir, *flags, timeout=120):
+def train(procs, free_ports, script, data_dir, *flags,
+          timeout=START_UP):
     ps, workers = procs.cluster(script, free_ports, '--data_dir=' + data_dir,
                                 *flags)
     procs.wait_all(workers + [ps], timeout)

@@ -112,11 +112,13 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
          '--worker=localhost:%d' % ports[1], '--data_dir=~/data',
          '--logdir=~/logdir', '--startup_timeout=3', '--validation_size=100'],
         'tilde-chief', env={'HOME': str(home)})
+    # The ps waits longer than the worker: the worker gives up first unless
+    # its start-up lags the ps's by 20 s.
     ports = free_ports(4)
     no_chief = [procs.script('async', job, 0 if job == 'ps' else 1,
                              ports[:1], ports[1:], *flags,
-                             '--startup_timeout=5', name='no-chief-')
-                for job in ('ps', 'worker')]
+                             '--startup_timeout=%d' % secs, name='no-chief-')
+                for job, secs in (('ps', 20), ('worker', 5))]
     lost = [free_ports(4) for index in (0, 1)]
     with contextlib.ExitStack() as stack:
         answering = [stack.enter_context(socket.create_server(('', p[0])))
@@ -128,7 +130,7 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
         for port in answering:
             port.settimeout(START_UP)
             port.accept()[0].close()
-    procs.wait_all(lost_ps, 30)
+    procs.wait_all(lost_ps, START_UP)
     procs.wait_all([no_ps, tilde] + no_chief, START_UP, since=started)
     assert_one_error_line(procs, no_ps, 1, '/job:ps/task:0',
                           'did not come up within 3 s')
@@ -139,7 +141,7 @@ def test_a_task_missing_at_start_up(procs, free_ports, small_data, tmp_path):
     assert_one_error_line(procs, no_chief[1], 1, 'the chief',
                           'did not initialize the model within 5 s')
     assert_one_error_line(procs, no_chief[0], 1, '/job:worker/task:0',
-                          'did not come up within 5 s')
+                          'did not come up within 20 s')
     for worker, ports in zip(lost_ps, lost):
         assert_one_error_line(procs, worker, 1, 'lost the connection to '
                               '/job:ps/task:0 (localhost:%d)' % ports[0])

@@ -4,14 +4,13 @@ itself runs in test_slurm.py."""
 
 import json
 import re
-import time
 
 import pytest
 
 from ps_cluster import sources
 
-from conftest import (assert_clean_exit, evaluations, final_accuracies,
-                      run_accuracy)
+from conftest import (START_UP, assert_clean_exit, evaluations,
+                      final_accuracies, run_accuracy)
 from script_flags import usage_error
 
 
@@ -87,7 +86,7 @@ def tf_config(ps, workers, job, index, **jobs):
                        'task': {'type': job, 'index': index}})
 
 
-def run_tasks(procs, script, envs, *flags, timeout=120):
+def run_tasks(procs, script, envs, *flags, timeout=START_UP):
     """One task per environment, no cluster flags; returns their outputs."""
     tasks = [procs.forked('mnist_dist_%s.py' % script, flags, 'task%d' % i,
                           env=env) for i, env in enumerate(envs)]
@@ -101,7 +100,7 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
     # Both scripts side by side, the sync one with a backup worker. An
     # evaluator first, which TF_CONFIG lists as Estimator did (Kubeflow does
     # not), and which is no task of the cluster; the workers before the ps,
-    # the chief last; the ps 3 s later.
+    # the chief last; each started once the one before knows its cluster.
     tasks = [('evaluator', 0), ('worker', 2), ('worker', 1), ('worker', 0),
              ('ps', 0)]
     extra = {script: ['--logdir=%s' % (tmp_path / script)] for script in
@@ -110,7 +109,6 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
     ports = {script: free_ports(4) for script in extra}
     started = {script: [] for script in extra}
     for job, index in tasks:
-        time.sleep(3 if job == 'ps' else 1)
         for script, flags in extra.items():
             env = {'TF_CONFIG': tf_config(ports[script][:1],
                                           ports[script][1:], job, index,
@@ -119,7 +117,11 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
                 'mnist_dist_%s.py' % script,
                 ['--data_dir=' + small_data] + SMALL_RUN + flags,
                 '%s%s%d' % (script, job, index), env=env))
-    procs.wait_all([p for run in started.values() for p in run], 120)
+        for run in started.values():
+            procs.wait_for_output(run[-1], r': cluster from TF_CONFIG: ',
+                                  START_UP)
+    procs.wait_all([p for run in started.values() for p in run],
+                   START_UP)
     for script, run in started.items():
         for proc, (job, index) in zip(run, tasks):
             output = assert_clean_exit(procs, proc, 0)

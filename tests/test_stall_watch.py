@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import (LONG_RUN, SCRIPTS, assert_clean_exit,
+from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
                       assert_one_error_line, ps_port)
 from ps_cluster.stall_watch import StallWatch
 
@@ -97,9 +97,9 @@ def test_a_wait_without_watch_ps_leaves_a_lost_ps_to_the_wait(die):
 
 
 def test_steps_that_move_keep_the_watch_quiet(die):
-    watch = StallWatch(0.5, 0.5, die)
+    watch = StallWatch(1, 1, die)
     watch.watch(lambda: [PS], lambda: [WORKER])
-    deadline = time.monotonic() + 1
+    deadline = time.monotonic() + 2
     step = 0
     while time.monotonic() < deadline:
         step += 1
@@ -174,22 +174,25 @@ def test_calls_that_block_past_call_secs_are_given_up_on(die):
 @pytest.mark.slow  # not in the fast tier
 def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
         procs, free_ports, small_data):
-    frozen = {script: procs.cluster(script, free_ports,
-                                    '--data_dir=' + small_data,
-                                    '--stall_timeout=10', *LONG_RUN,
-                                    name=script + '-frozen-')
+
+    def training(*args, **kwargs):
+        # Each cluster trains before the next starts: a start-up beside
+        # five others may leave the steps still for longer than the short
+        # timeouts here, which are the faults' to trip.
+        ps, workers = procs.cluster(*args, **kwargs)
+        procs.wait_for_epoch(workers)
+        return ps, workers
+    frozen = {script: training(script, free_ports, '--data_dir=' + small_data,
+                               '--stall_timeout=10', *LONG_RUN,
+                               name=script + '-frozen-')
               for script in SCRIPTS}
-    ps, workers = procs.cluster('sync', free_ports, '--data_dir=' + small_data,
-                                '--stall_timeout=5', *LONG_RUN,
-                                name='no-chief-')
-    lost = {(script, its_port): procs.cluster(
+    ps, workers = training('sync', free_ports, '--data_dir=' + small_data,
+                           '--stall_timeout=5', *LONG_RUN, name='no-chief-')
+    lost = {(script, its_port): training(
         script, free_ports, '--data_dir=' + small_data, '--ps_timeout=5',
         *LONG_RUN, name=script + its_port)
         for script, its_port in (('async', 'closed'), ('sync', 'closed'),
                                  ('sync', 'answering'))}
-    for _, run_workers in (list(frozen.values()) + [(ps, workers)]
-                           + list(lost.values())):
-        procs.wait_for_epoch(run_workers)
     for frozen_ps, _ in frozen.values():
         os.kill(frozen_ps.pid, signal.SIGSTOP)
     stopped = time.time()
@@ -203,9 +206,9 @@ def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
         time.sleep(2)
 
     procs.wait_all([w for (_, its_port), (_, run_workers) in lost.items()
-                    if its_port == 'closed' for w in run_workers], 30,
+                    if its_port == 'closed' for w in run_workers], START_UP,
                    since=killed)
-    procs.wait_all(lost['sync', 'answering'][1], 30)
+    procs.wait_all(lost['sync', 'answering'][1], START_UP)
     for lost_ps, run_workers in lost.values():
         for i, worker in enumerate(run_workers):
             # TensorFlow logs the broken connection too; ours is the last
@@ -216,13 +219,13 @@ def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
                             'to /job:ps/task:0 (localhost:%d)'
                             % (i, ps_port(lost_ps)))
 
-    procs.wait_all(workers + [ps], 60, since=stopped)
+    procs.wait_all(workers + [ps], START_UP, since=stopped)
     for worker in workers[1:]:
         assert_one_error_line(
             procs, worker, 1, 'training stalled: no new global step for 5 s',
             'missing: /job:worker/task:0 (localhost:')
     assert_clean_exit(procs, ps, 0)
-    procs.wait_all([w for _, ws in frozen.values() for w in ws], 10 + 30,
+    procs.wait_all([w for _, ws in frozen.values() for w in ws], START_UP,
                    since=stopped)
     for frozen_ps, frozen_workers in frozen.values():
         for i, worker in enumerate(frozen_workers):

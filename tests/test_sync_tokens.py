@@ -141,7 +141,7 @@ def test_sync_worker_started_again_rejoins(procs, free_ports, small_data):
     started = procs.wait_for_output(
         again, r'^worker=2, starting at global_step=(\d+)$', START_UP)
     assert int(started.group(1)) > 0
-    procs.wait_all(workers[:2] + [again, ps], 120)
+    procs.wait_all(workers[:2] + [again, ps], START_UP)
     for i, worker in enumerate(workers[:2] + [again]):
         assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
     assert_clean_exit(procs, ps, 0)

@@ -6,11 +6,12 @@ import contextlib
 import glob
 import os
 import re
-import time
+import types
 
 import numpy as np
 
 import mnist_data
+from ps_cluster import training_log as training_log_module
 from ps_cluster.staleness import Staleness
 from ps_cluster.training_log import TrainingLog
 
@@ -104,24 +105,25 @@ def test_the_chief_shows_where_the_model_lives_in_tensorboard_too(
 
 
 def test_progress_every_few_seconds(capsys, monkeypatch):
-    monkeypatch.setattr(TrainingLog, 'PROGRESS_EVERY_SECS', 0.2)
+    # The log's clock is the test's: seconds pass when the test says so.
+    now = [1000.0]
+    monkeypatch.setattr(training_log_module, 'time',
+                        types.SimpleNamespace(time=lambda: now[0]))
+    every = TrainingLog.PROGRESS_EVERY_SECS
     with chief() as (sv, sess):
         log = training_log(sv, sess, 0, 1)
         capsys.readouterr()
+        now[0] += every / 2
         log.step(3, 1, 2.0, 0)
         assert capsys.readouterr().out == ''  # too soon
-        deadline = time.time() + 10
-        local_step, out = 1, ''
-        while not out and time.time() < deadline:
-            time.sleep(0.02)
-            local_step += 1
-            log.step(local_step + 2, local_step, 2.0, 0)
-            out = capsys.readouterr().out
-        assert re.fullmatch(r'worker=1, global_step=%d, local_step=%d, '
-                            r'\d+ steps/s\n' % (local_step + 2, local_step),
-                            out)
+        now[0] += every / 2
+        log.step(12, 10, 2.0, 0)
+        assert capsys.readouterr().out == (
+            'worker=1, global_step=12, local_step=10, %.0f steps/s\n'
+            % (10 / every))
         # The next one, PROGRESS_EVERY_SECS later.
-        log.step(local_step + 3, local_step + 1, 2.0, 0)
+        now[0] += every / 2
+        log.step(13, 11, 2.0, 0)
         assert capsys.readouterr().out == ''
 
 
