@@ -96,18 +96,33 @@ last_port=$((base_port + num_ps + num_workers - 1))
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 
+# The private network, each of its steps tried before the cluster is put
+# there: some systems let a user make a namespace but not configure its
+# network (Ubuntu 23.10 on). LAUNCH_LOCAL_UNSHARE: how the tests make one
+# that cannot be configured.
+unshare_net=(${LAUNCH_LOCAL_UNSHARE:-unshare --user --map-root-user --net})
+refused_step() {
+  "${unshare_net[@]}" true 2>/dev/null ||
+    { echo "making a network namespace (${unshare_net[*]})"; return; }
+  command -v ip > /dev/null || { echo "finding ip (iproute2) to bring up its loopback"; return; }
+  "${unshare_net[@]}" ip link set lo up 2>/dev/null ||
+    echo "bringing up its loopback (ip link set lo up)"
+}
 if ((host_network == 0)) && [[ -z ${LAUNCH_LOCAL_NETNS:-} ]]; then
-  if unshare --user --map-root-user --net true 2>/dev/null; then
+  refused=$(refused_step)
+  if [[ -z $refused ]]; then
     # Nothing in the namespace reaches another host: get the data here, once
     # for every task; a data problem ends the run before any task starts.
     "$python" "$here/mnist_data.py" "$@" || exit
-    LAUNCH_LOCAL_NETNS=1 exec unshare --user --map-root-user --net bash "$0" "${args[@]}"
+    LAUNCH_LOCAL_NETNS=1 exec "${unshare_net[@]}" bash "$0" "${args[@]}"
   fi
-  echo "$0: no private network namespace here (unshare failed): the" \
-       "cluster's ports $base_port-$last_port are open to the network" >&2
+  echo "$0: no private network here: $refused was refused, so the" \
+       "cluster's ports $base_port-$last_port are open to the network (-H" \
+       "chooses that without trying; Ubuntu allows the namespace with sysctl" \
+       "kernel.apparmor_restrict_unprivileged_userns=0)" >&2
 fi
 if [[ -n ${LAUNCH_LOCAL_NETNS:-} ]]; then
-  ip link set lo up || { echo "$0: error: cannot bring up loopback in the namespace (is iproute2 installed? -H skips the namespace)" >&2; exit 1; }
+  ip link set lo up || { echo "$0: error: cannot bring up the namespace's loopback, which a namespace tried before allowed (-H skips the namespace)" >&2; exit 1; }
 fi
 
 # The launcher describes the cluster with --ps/--worker; a TF_CONFIG or a
