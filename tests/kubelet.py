@@ -1,6 +1,6 @@
 """For test_examples.py: a JobSet manifest checked against JobSet's own CRD
-schema, and its pods as the Job controller and the kubelet would make them,
-each to be run as a podman container.
+schema, and its pods as the JobSet and Job controllers and the kubelet
+would make them, each to be run as a podman container.
 
 The translation knows the fields the examples use, and fails on any other,
 and on a $(VAR) that no environment variable of the container defines: a
@@ -19,7 +19,7 @@ CRD = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
                    'jobset.x-k8s.io_jobsets.yaml')
 
 Pod = collections.namedtuple('Pod', [
-    'hostname', 'fqdn', 'replicated_job', 'env', 'argv', 'mounts',
+    'hostname', 'fqdn', 'replicated_job', 'labels', 'env', 'argv', 'mounts',
     'cpu_shares', 'restarts_in_place'])
 
 # The fields translated, by where they sit; a field elsewhere fails.
@@ -45,6 +45,21 @@ class Untranslated(Exception):
 def load(path):
     with open(path) as f:
         return yaml.safe_load(f)
+
+
+def manifests(path):
+    """{kind: document} of a file of several YAML documents."""
+    with open(path) as f:
+        return {document['kind']: document
+                for document in yaml.safe_load_all(f)}
+
+
+def selects(selector, labels):
+    """Whether a label selector of matchLabels alone selects labels."""
+    if set(selector) != {'matchLabels'}:
+        raise Untranslated('selector %s: only matchLabels is translated'
+                           % selector)
+    return selector['matchLabels'].items() <= labels.items()
 
 
 def crd_problems(manifest):
@@ -104,8 +119,9 @@ def expand(text, env):
 
 def jobset_pods(manifest, claims):
     """The pods of a JobSet, one Pod each: its hostname and DNS name
-    (<jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>), the
-    environment the Job controller gives an Indexed Job's pod
+    (<jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>), the labels
+    the JobSet controller gives it (the set's and the replicated job's
+    names), the environment the Job controller gives an Indexed Job's pod
     (JOB_COMPLETION_INDEX) and the container's own, its command and args
     expanded, its volumes as (host folder, path, read only) from claims
     ({claim name: host folder}), its CPU request as the kubelet's CPU
@@ -144,9 +160,12 @@ def jobset_pods(manifest, claims):
                     env[variable['name']] = expand(variable['value'], env)
                 cpu = container.get('resources', {}).get(
                     'requests', {}).get('cpu')
+                labels = {'jobset.sigs.k8s.io/jobset-name': name,
+                          'jobset.sigs.k8s.io/replicatedjob-name':
+                          replicated['name']}
                 pods.append(Pod(
                     hostname, '%s.%s' % (hostname, subdomain),
-                    replicated['name'], env,
+                    replicated['name'], labels, env,
                     [expand(a, env) for a in container['command']
                      + container.get('args', [])],
                     [(volumes[m['name']], m['mountPath'],
@@ -167,12 +186,14 @@ def _cpu_shares(quantity):
 def podman_run(pod, image, network, prefix):
     """The podman command that starts pod as the kubelet would, in a
     container named prefix-HOSTNAME: its hostname, its names on the pods'
-    network (the DNS name JobSet gives it too), its environment, mounts and
-    CPU shares, the image's entrypoint replaced by the command."""
+    network (the DNS name JobSet gives it too), its labels, environment,
+    mounts and CPU shares, the image's entrypoint replaced by the
+    command."""
     return (['podman', 'run', '--rm', '--name=%s-%s' % (prefix, pod.hostname),
              '--hostname=' + pod.hostname, '--network=' + network,
              '--network-alias=' + pod.hostname,
              '--network-alias=' + pod.fqdn]
+            + ['--label=%s=%s' % item for item in sorted(pod.labels.items())]
             + ['--env=%s=%s' % item for item in sorted(pod.env.items())]
             + ['--volume=%s:%s%s' % (host, path, ':ro' if read_only else '')
                for host, path, read_only in pod.mounts]

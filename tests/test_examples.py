@@ -10,6 +10,7 @@ import subprocess
 import time
 import uuid
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -21,6 +22,9 @@ from conftest import (FINAL_STEP, REPO, START_UP, assert_clean_exit,
 pytestmark = pytest.mark.xdist_group('real')
 
 EXAMPLES = os.path.join(REPO, 'examples')
+# The Kubernetes release whose API schemas (kubernetes-validate's copy of
+# them) the manifests of built-in kinds are checked against.
+K8S_SCHEMA = '1.37.0'
 
 
 def defined_flags(script):
@@ -214,8 +218,11 @@ def test_tfjob_in_containers(image, procs, small_data, tmp_path):
 
 # ------------------------------------------------------------------ JobSet
 
-def jobset(mode):
-    return kubelet.load(os.path.join(EXAMPLES, 'jobset-%s.yaml' % mode))
+def jobset(mode, kind='JobSet'):
+    """The JobSet of examples/jobset-MODE.yaml, or the document of another
+    kind there."""
+    return kubelet.manifests(os.path.join(EXAMPLES,
+                                          'jobset-%s.yaml' % mode))[kind]
 
 
 def replicated_jobs(manifest):
@@ -266,6 +273,39 @@ def test_jobset_manifest(mode):
         assert '--logdir=/logs/' + mode in pod.argv
         assert ('--export_dir=/logs/%s-serving' % mode in pod.argv) == (
             job == 'worker')
+
+
+@pytest.mark.parametrize('mode', ['async', 'sync'])
+def test_network_policy_admits_only_the_sets_own_pods(mode):
+    """Beside each JobSet, a NetworkPolicy, valid in Kubernetes' own schema
+    of networking.k8s.io/v1, that covers every pod of the set and admits to
+    their port the set's own pods alone: the labels its selectors name are
+    those the JobSet controller gives every pod of this set, and no other
+    set's."""
+    policy = jobset(mode, 'NetworkPolicy')
+    kubernetes_validate.validate(policy, K8S_SCHEMA, strict=True)
+    misspelled = dict(policy, spec=dict(policy['spec'], podSelecter={}))
+    with pytest.raises(kubernetes_validate.ValidationError,
+                       match="'podSelecter' was unexpected"):
+        kubernetes_validate.validate(misspelled, K8S_SCHEMA, strict=True)
+    spec = policy['spec']
+    assert spec['policyTypes'] == ['Ingress']
+    (rule,) = spec['ingress']
+    (source,) = rule['from']
+    assert set(source) == {'podSelector'}  # no namespace, no address block
+    pods = kubelet.jobset_pods(jobset(mode), {'mnist-data': '/claims/data',
+                                              'mnist-logs': '/claims/logs'})
+    others = kubelet.jobset_pods(jobset({'async': 'sync'}.get(mode, 'async')),
+                                 {'mnist-data': '/d', 'mnist-logs': '/l'})
+    for selector in (spec['podSelector'], source['podSelector']):
+        assert all(kubelet.selects(selector, pod.labels) for pod in pods)
+        assert not any(kubelet.selects(selector, pod.labels)
+                       for pod in others)
+    ports = {port['containerPort'] for job in replicated_jobs(
+        jobset(mode)).values() for port in job['template']['spec'][
+            'containers'][0].get('ports', [])}
+    assert rule['ports'] == [{'protocol': 'TCP', 'port': port}
+                             for port in sorted(ports)]
 
 
 def test_a_jobset_the_api_server_would_refuse_is_named():
