@@ -89,9 +89,15 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                     print('evaluator: skipped %s, which cannot be read (%s)'
                           % (path, errors.what_went_wrong(e)), flush=True)
                     continue
-                measured, loss_value, accuracy_value = sess.run(
+                step, loss_value, accuracy_value = sess.run(
                     [global_step, loss, accuracy],
                     {images: split.images, labels: split.labels})
+                # In async runs the step may move between the read that
+                # names a checkpoint and its save: the one before may have
+                # held this step, and this model, already.
+                if step == measured:
+                    continue
+                measured = step
                 print('evaluator: global_step=%d, loss=%s, accuracy=%s (%s)'
                       % (measured, loss_value, accuracy_value, path),
                       flush=True)

@@ -50,8 +50,8 @@ def loss_and_accuracy(logits, labels):
 
 @contextlib.contextmanager
 def chief(logdir):
-    """save(step, k): as the chief saves, model.ckpt-STEP in logdir, with
-    w = k * eye and b = 0."""
+    """save(step, k, held=step): as the chief saves, model.ckpt-STEP in
+    logdir, with w = k * eye, b = 0 and the global step `held`."""
     with tf.Graph().as_default() as graph:
         w = tf.Variable(tf.zeros([PIXELS, 10]), name='w')
         tf.Variable(tf.zeros([10]), name='b')
@@ -61,9 +61,9 @@ def chief(logdir):
     with tf.Session(graph=graph) as sess:
         sess.run(init)
 
-        def save(step, k):
+        def save(step, k, held=None):
             w.load(k * np.eye(PIXELS, 10), sess)
-            global_step.load(step, sess)
+            global_step.load(step if held is None else held, sess)
             saver.save(sess, os.path.join(logdir, 'model.ckpt'),
                        global_step=step)
         yield save
@@ -122,6 +122,22 @@ def test_measures_each_checkpoint_to_the_last_step(tmp_path, capsys):
     assert values['global_step'] == 30
     assert np.array_equal(values['w'], 10 * np.eye(PIXELS, 10))
     assert np.array_equal(values['b'], np.zeros(10))
+
+
+def test_a_step_that_two_checkpoints_hold_is_measured_once(tmp_path,
+                                                          capsys):
+    # An async chief names a checkpoint after the step it read, and others
+    # may update before it saves: model.ckpt-29 holds step 30, as the next,
+    # model.ckpt-30, does.
+    logdir = str(tmp_path)
+    with chief(logdir) as save:
+        save(10, 0)
+        save(29, 10, held=30)
+        save(30, 10)
+    follow(logdir, 30)
+    assert [s for s, *_ in MEASURED.findall(capsys.readouterr().out)] == [
+        '10', '30']
+    assert [step for step, _ in evaluated(logdir)['accuracy']] == [10, 30]
 
 
 def test_a_checkpoint_beyond_the_last_step_ends_it(tmp_path, capsys):
