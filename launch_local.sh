@@ -122,7 +122,7 @@ if ((host_network == 0)) && [[ -z ${LAUNCH_LOCAL_NETNS:-} ]]; then
        "kernel.apparmor_restrict_unprivileged_userns=0)" >&2
 fi
 if [[ -n ${LAUNCH_LOCAL_NETNS:-} ]]; then
-  ip link set lo up || { echo "$0: error: cannot bring up the namespace's loopback, which a namespace tried before allowed (-H skips the namespace)" >&2; exit 1; }
+  ip link set lo up || { echo "$0: error: cannot bring up the namespace's loopback (-H skips the namespace)" >&2; exit 1; }
 fi
 
 # The launcher describes the cluster with --ps/--worker; a TF_CONFIG or a

@@ -48,14 +48,15 @@ def beating(cluster, index):
     one session: a beat is a run, as a Watchdog's, not a new session."""
     stop = threading.Event()
 
-    def beats():
+    def beat_until_stopped():
         with counters_on_ps(cluster, 0) as (sess, (beats, *_)):
-            beat = tf.scatter_add(beats, [index], tf.constant([1], tf.int64))
+            beat_op = tf.scatter_add(beats, [index],
+                                     tf.constant([1], tf.int64))
             while not stop.is_set():
-                sess.run(beat)
+                sess.run(beat_op)
                 time.sleep(0.1)
 
-    thread = threading.Thread(target=beats, daemon=True)
+    thread = threading.Thread(target=beat_until_stopped, daemon=True)
     thread.start()
     try:
         yield
