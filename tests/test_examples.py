@@ -293,16 +293,17 @@ def test_network_policy_admits_only_the_sets_own_pods(mode):
     (rule,) = spec['ingress']
     (source,) = rule['from']
     assert set(source) == {'podSelector'}  # no namespace, no address block
-    pods = kubelet.jobset_pods(jobset(mode), {'mnist-data': '/claims/data',
-                                              'mnist-logs': '/claims/logs'})
-    others = kubelet.jobset_pods(jobset({'async': 'sync'}.get(mode, 'async')),
-                                 {'mnist-data': '/d', 'mnist-logs': '/l'})
+    claims = {'mnist-data': '/claims/data', 'mnist-logs': '/claims/logs'}
+    manifest = jobset(mode)
+    pods = kubelet.jobset_pods(manifest, claims)
+    other = 'sync' if mode == 'async' else 'async'
+    others = kubelet.jobset_pods(jobset(other), claims)
     for selector in (spec['podSelector'], source['podSelector']):
         assert all(kubelet.selects(selector, pod.labels) for pod in pods)
         assert not any(kubelet.selects(selector, pod.labels)
                        for pod in others)
     ports = {port['containerPort'] for job in replicated_jobs(
-        jobset(mode)).values() for port in job['template']['spec'][
+        manifest).values() for port in job['template']['spec'][
             'containers'][0].get('ports', [])}
     assert rule['ports'] == [{'protocol': 'TCP', 'port': port}
                              for port in sorted(ports)]

@@ -155,7 +155,12 @@ def slurm(tmp_path_factory):
         started = []
         cluster = Slurm(folder, hub)
 
-        def until(ready):
+        def start(argvs, ready):
+            """Starts the daemons argvs, then waits until ready()."""
+            for argv in argvs:
+                started.append(subprocess.Popen(
+                    argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True))
             deadline = time.time() + START_UP
             while not ready():
                 if time.time() > deadline or any(p.poll() is not None
@@ -163,19 +168,14 @@ def slurm(tmp_path_factory):
                     pytest.skip('Slurm did not start here: %s' % tail(
                         folder, 'slurmctld.log'))
                 time.sleep(0.2)
-        # Each daemon once the one it needs answers: munge's socket, then
-        # the controller, then every node idle.
-        readiness = [
-            lambda: os.path.exists(os.path.join(folder, 'munge.socket')),
-            lambda: cluster.command('sinfo', '-h').returncode == 0] + [
-            lambda: True] * (len(daemons) - 3) + [
-            lambda: cluster.idle_nodes() == len(NODES)]
+        munged, slurmctld, *slurmds = daemons
         try:
-            for argv, ready in zip(daemons, readiness):
-                started.append(subprocess.Popen(
-                    argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True))
-                until(ready)
+            # Each daemon once the one it needs answers.
+            start([munged], lambda: os.path.exists(
+                os.path.join(folder, 'munge.socket')))
+            start([slurmctld],
+                  lambda: cluster.command('sinfo', '-h').returncode == 0)
+            start(slurmds, lambda: cluster.idle_nodes() == len(NODES))
             yield cluster
         finally:
             cluster.command('scancel', '--full', '--user=root', timeout=30)
