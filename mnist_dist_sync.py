@@ -81,24 +81,24 @@ def loss_and_accuracy(logits, y_p):
 
 
 def main(_):
-    # PS: a failure, Ctrl-C, SIGTERM or a port in use ends a task with one
+    # PS: this task's place in the cluster, from --ps/--worker, TF_CONFIG
+    # or Slurm; a failure, Ctrl-C, SIGTERM or a port in use ends it with one
     # line.
-    cluster_utils.end_in_one_line()
+    task = cluster_utils.start_task(sync=True)
     tf.logging.set_verbosity(tf.logging.ERROR)
     tf.disable_v2_behavior()
 
-    # PS: every task's address, by job, from --ps/--worker, TF_CONFIG or
-    # Slurm; a ps only serves, until every worker has come and gone.
-    cluster = tf.train.ClusterSpec(cluster_utils.cluster_hosts())
-    if FLAGS.job_name == 'ps':
+    # PS: every task's address, by job; a ps only serves, until every worker
+    # has come and gone.
+    cluster = tf.train.ClusterSpec(task.cluster)
+    if task.job_name == 'ps':
         server = tf.train.Server(cluster, job_name='ps',
-                                 task_index=FLAGS.task_index,
-                                 config=cluster_utils.session_config())
-        cluster_utils.join(server)  # it ends the task
+                                 task_index=task.index, config=task.config)
+        task.serve(server)  # it ends the task
 
     # SYNC: the wrapped optimizer serves one step a session.run.
     images_per_run = FLAGS.batch_size
-    mnist = cluster_utils.load_mnist(cluster, images_per_run)
+    mnist = task.load_mnist(images_per_run)
     n_batches = len(mnist.train.images) // FLAGS.batch_size
     # SYNC: every worker stops at the same global step, not after its own
     # epochs, or the others would wait for its gradients forever; each
@@ -106,23 +106,22 @@ def main(_):
     last_step = FLAGS.epochs * n_batches
 
     # PS: an evaluator measures the chief's checkpoints, outside the cluster.
-    if FLAGS.job_name == 'evaluator':
-        cluster_utils.evaluate(model, loss_and_accuracy, mnist,
-                               last_step)  # it ends the task
+    if task.job_name == 'evaluator':
+        task.evaluate(model, loss_and_accuracy, mnist,
+                      last_step)  # it ends the task
 
     # PS: a worker joins once its data and the chief's --logdir are good.
-    cluster_utils.check_logdir()
+    task.check_logdir()
     server = tf.train.Server(cluster, job_name='worker',
-                             task_index=FLAGS.task_index,
-                             config=cluster_utils.session_config())
-    is_chief = FLAGS.task_index == 0
+                             task_index=task.index, config=task.config)
+    is_chief = task.index == 0
 
     # PS: the variables go to the ps tasks, round robin, the computation to
     # this worker; with --split_w, w goes to them as a shard each.
     partitioner = (tf.fixed_size_partitioner(cluster.num_tasks('ps'))
                    if FLAGS.split_w else None)
     with tf.device(tf.train.replica_device_setter(
-            worker_device='/job:worker/task:%d' % FLAGS.task_index,
+            worker_device='/job:worker/task:%d' % task.index,
             cluster=cluster)):
         # PS: each update adds one to the global step under its lock (a
         # resource variable's): two at once count two.
@@ -156,9 +155,11 @@ def main(_):
             local_init_op = optimizer.local_step_init_op
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_token_op = optimizer.get_init_tokens_op()
-        tokens = cluster_utils.sync_tokens(optimizer, chief_queue_runner,
-                                           init_token_op, cluster,
-                                           global_step, last_step)
+        # SYNC: mts.run(init_token_op) and sv.start_queue_runners(mts,
+        # [chief_queue_runner]), by the chief in each new session, after a
+        # lost ps too: a hook of the session's.
+        tokens = task.sync_tokens(optimizer, chief_queue_runner,
+                                  init_token_op, global_step, last_step)
 
         # SYNC: the global step after this worker's update, read on the ps
         # once its token is taken: the token's value may lag one update.
@@ -185,17 +186,11 @@ def main(_):
 
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
     # waits for a lost ps to come back and trains on.
-    sess = cluster_utils.training_session(sv, server, tokens)
+    sess = task.training_session(sv, server, tokens)
 
-    rng = np.random.default_rng(FLAGS.task_index)
+    rng = np.random.default_rng(task.index)
     gstep = sess.run(global_step)
-    log = cluster_utils.training_log(sv, sess, gstep, mnist, accuracy_op,
-                                     x_p, y_p)
-    # SYNC: mts.run(init_token_op) and sv.start_queue_runners(mts,
-    # [chief_queue_runner]), once the chief has read where it starts: in
-    # each new session after a lost ps too.
-    if is_chief:
-        tokens.start_updates(sv, sess)
+    log = task.training_log(sv, sess, gstep, mnist, accuracy_op, x_p, y_p)
     lstep = 0
     # SYNC: the workers stop together at the last global step, printing
     # only whole epochs, and leave tokens for any other still waiting.
@@ -215,21 +210,21 @@ def main(_):
         if ((epoch + 1) % FLAGS.print_every_epochs == 0
                 and gstep < last_step):
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
-                  % (FLAGS.task_index, epoch, gstep, lstep, loss), flush=True)
+                  % (task.index, epoch, gstep, lstep, loss), flush=True)
             log.accuracies(gstep)
     tokens.release(sess)
 
     test = mnist_data.as_float(mnist.test)
     feed_dict = {x_p: test.images, y_p: test.labels}
     accuracy = sess.run(accuracy_op, feed_dict=feed_dict)
-    print('worker=%d, final accuracy = %s' % (FLAGS.task_index, accuracy),
+    print('worker=%d, final accuracy = %s' % (task.index, accuracy),
           flush=True)
     log.final(gstep, accuracy)
     # PS: the chief exports, once the others are done; closing tells the ps
     # this worker is done; TensorFlow cannot stop its server.
-    cluster_utils.export(sess, model, mnist)
+    task.export(sess, model, mnist)
     sess.close()
-    cluster_utils.leave()  # it ends the task
+    task.leave()  # it ends the task
 
 
 if __name__ == '__main__':

@@ -6,6 +6,8 @@ import signal
 import sys
 import threading
 
+from ps_cluster.deadlines import call_within
+
 
 def usage_error(message):
     """A mistake in how the task was started: one line, status 2."""
@@ -49,8 +51,9 @@ class TaskEnd:
         self._tell = tell
 
     def fail(self, message, status=1):
-        """Ends this task, from any thread, with a one-line error and status
-        1 (2: a usage error), once it has told the cluster why.
+        """Ends this task with a one-line error and status 1 (2: a usage
+        error), once it has told the cluster why: called by the main
+        thread's excepthook, and by the stall watch as its last resort.
 
         With os._exit: the telling may still be inside TensorFlow's C++,
         and closing a session whose ps is gone, or that another thread is
@@ -81,7 +84,8 @@ class TaskEnd:
         Python runs its handlers in the main thread only, between bytecodes:
         never while that thread waits in TensorFlow's C++. The signal number
         that Python's C handler writes to the wakeup pipe, whichever thread
-        the signal reached, is read by a thread of ours at once.
+        the signal reached, is read by a thread of ours at once; it ends the
+        process, and nothing joins it.
         """
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
@@ -94,7 +98,7 @@ class TaskEnd:
             self._end('interrupted', 'interrupted', 128 + signum,
                       tell=signum == signal.SIGINT)
 
-        threading.Thread(target=end, daemon=True).start()
+        threading.Thread(target=end, daemon=True, name='signals').start()
 
     def _end(self, line, reason, status, tell=True):
         """One line on stderr; the cluster told `reason`, unless not `tell`;
@@ -119,13 +123,10 @@ class TaskEnd:
         a frozen ps can block a run of TensorFlow's past its timeout."""
         if self._tell is None:
             return
-
-        def tell():
-            try:
-                self._tell(reason)
-            except Exception as e:  # none expected: it tells what answers
-                print('%s: cannot tell the other tasks why: %s'
-                      % (self.name(), e), file=sys.stderr, flush=True)
-        thread = threading.Thread(target=tell, daemon=True)
-        thread.start()
-        thread.join(self.LAST_WORDS_SECS)
+        try:
+            call_within(self.LAST_WORDS_SECS, self._tell, reason)
+        except TimeoutError:
+            pass
+        except Exception as e:  # none expected: it tells what answers
+            print('%s: cannot tell the other tasks why: %s'
+                  % (self.name(), e), file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors, probes
+from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
 
 # The marks of a worker's beats that end it: done, or left on purpose. LEFT
@@ -62,18 +63,17 @@ def say_left(cluster, task_index, reason, secs=0):
     answers, trying again for secs those that are not up yet, in sessions
     of its own: a worker that fails before it has a server, or a Watchdog,
     tells the others why all the same."""
-    deadline = time.time() + secs
     untold = list(enumerate(cluster.job_tasks('ps')))
-    while True:
+
+    def tell_those_up():
         for k, address in list(untold):
             # Opening a session waits with no timeout for a ps not there.
             if probes.is_listening(address) and _mark_left(
                     address, k, cluster.num_tasks('worker'), task_index,
                     reason):
                 untold.remove((k, address))
-        if not untold or time.time() > deadline:
-            return
-        time.sleep(0.2)
+        return not untold
+    poll(tell_those_up, secs, 0.2)
 
 
 def _mark_left(address, k, num_workers, task_index, reason):
@@ -115,34 +115,34 @@ def _left_before_the_model(beats, global_step):
 
 class Watchdog(tf.train.LooperThread):
     """A thread of the Supervisor's that beats for this worker, and reads
-    through the ps tasks what the other tasks do.
+    through the ps tasks what the other tasks do; its failures go to
+    `stall`, the StallWatch, which the main thread raises them from.
 
     While this worker waits for the model: a chief that came up and went
-    away ends it. While it trains (watch_training): a worker that went away
-    is named once, if on_departure() says it is gone rather than done; each
-    global step read is told to on_step(step). A ps that ends on purpose,
-    and says why, ends this worker, quoting it. It ends the worker with
-    on_failure(message), which does so from a thread of its own: the main
-    thread may wait in TensorFlow. A beat that finds a ps lost stops the
-    Supervisor's threads with the error, and whenever they stop on a lost
-    ps, on_ps_lost() is called: the main thread may wait on a ps that
-    stayed for what they were to give it. Once paused, it only beats.
+    away is a failure. While it trains (watch_training): a worker that went
+    away is named once, if sync's `tokens` say it is gone rather than done;
+    each global step read is told to the stall watch. A ps that ends on
+    purpose, and says why, is a failure that quotes it. A beat that finds a
+    ps lost stops the Supervisor's threads with the error, for the main
+    thread to recover; and a sync worker's Watchdog then puts in tokens
+    until the main thread recovers: it may wait, on a ps that stayed, for a
+    token that the stopped updates were to give. Once paused, it only
+    beats.
     """
 
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, config, place, startup_timeout, on_step,
-                 on_failure, on_departure=None, on_ps_lost=None):
+    def __init__(self, sv, server, config, place, startup_timeout, stall,
+                 tokens=None):
         super().__init__(sv.coord, self.POLL_SECS)
-        self.sv, self.place = sv, place
-        self.on_step, self.on_failure = on_step, on_failure
-        self.on_departure, self.on_ps_lost = on_departure, on_ps_lost
+        self.sv, self.place, self.stall, self.tokens = sv, place, stall, tokens
         task_index = place.index
         self.workers = place.cluster.job_tasks('worker')
         self.ps_tasks = place.cluster.job_tasks('ps')
-        # The training session: the main thread sets it, this one reads it.
+        # The training session: set before the thread reads it, and closed,
+        # not replaced: a new session has a Watchdog of its own.
         self.sess = None
         self._paused = threading.Event()
         graph = tf.Graph()
@@ -182,9 +182,11 @@ class Watchdog(tf.train.LooperThread):
     def wait_for_the_others(self):
         """Until every other worker has ended, or is gone (no beat for
         GONE_SECS), or no ps answers: the chief's last checkpoint then holds
-        the run's last step."""
+        the run's last step. The main thread's: it raises a failure
+        stored."""
         heard, last = None, None
         while True:
+            self.stall.raise_if_failed()
             beats, now = self._run(self.beats), time.time()
             if beats is None:
                 return
@@ -211,17 +213,17 @@ class Watchdog(tf.train.LooperThread):
         """Beats once before this worker waits for the model, so that the
         ps tasks know it from then on; they may not have set up their
         counters yet."""
-        deadline = time.time() + timeout
-        while True:
+        def beat():
             try:
                 self.session.run(self.beat_op)
-                return self.session.run(self.departures)
+                return [self.session.run(self.departures)]
             except tf.errors.FailedPreconditionError:
-                if time.time() > deadline:
-                    raise TaskFailed('the ps tasks did not set up their '
-                                     'liveness counters within %g s'
-                                     % timeout)
-                time.sleep(0.2)
+                return None
+        departures = poll(beat, timeout, 0.2)
+        if departures is None:
+            raise TaskFailed('the ps tasks did not set up their liveness '
+                             'counters within %g s' % timeout)
+        return departures[0]
 
     def _run(self, fetches, session=None):
         """fetches, run in the liveness session or the given one, or None
@@ -249,7 +251,7 @@ class Watchdog(tf.train.LooperThread):
             return
         for k, reason in enumerate(farewells):
             if reason:
-                self.on_failure(
+                self.stall.fail(
                     'lost the connection to %s, which ended: "%s"'
                     % (self.place.task('ps', k), reason.decode()))
                 return
@@ -265,15 +267,17 @@ class Watchdog(tf.train.LooperThread):
         if self.sess is not None:
             step = self._run(self.sv.global_step, self.sess)
             if step is not None:
-                self.on_step(step)
+                self.stall.step(step)
 
     def stop_loop(self):
         try:
             self.sv.coord.raise_requested_exception()
         except Exception as e:  # any but a lost ps's: sv.stop() raises it
-            if (errors.is_lost(e) and self.on_ps_lost
-                    and self.sess is not None and not self._paused.is_set()):
-                self.on_ps_lost()
+            if errors.is_lost(e) and self.tokens and self.sess is not None:
+                # Each poll again: a put may meet the broken connection,
+                # and another worker may take the token.
+                while not self._paused.wait(self.POLL_SECS):
+                    self._run(self.tokens.add_token_op, self.sess)
 
     def _someone_departed(self):
         departures = self._run(self.departures)
@@ -292,13 +296,17 @@ class Watchdog(tf.train.LooperThread):
 
     def _chief_went_away(self):
         reason = self._run(self.chief_reason)
-        self.on_failure('the chief, %s, went away before the model was '
+        self.stall.fail('the chief, %s, went away before the model was '
                         'ready%s' % (self._task(0), ': "%s"' % reason.decode()
                                      if reason else ''))
 
     def _is_gone(self):
+        """Whether sync's tokens say a worker is gone; async's workers wait
+        for nobody, and are not told."""
+        if self.tokens is None:
+            return False
         try:
-            return self.on_departure is not None and self.on_departure()
+            return self.tokens.on_departure(self.sess)
         except (tf.errors.OpError, RuntimeError):  # a ps cannot answer
             return False
 

@@ -5,11 +5,11 @@ checkpoints or summaries, with one line, not its run."""
 import os
 import socket
 import sys
-import threading
 
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.deadlines import call_within
 
 
 # Why the chief left on purpose, and the step of its last checkpoint once it
@@ -52,15 +52,28 @@ def close_within(writer, secs):
     TensorFlow's flush waits for good if its writer thread dies between
     marking the last flush done and closing its queue
     (event_file_writer.py)."""
-    def close():
-        try:
-            writer.close()
-        except RuntimeError:  # its thread failed, and said so
-            pass
-    closing = threading.Thread(target=close, daemon=True)
-    closing.start()
-    closing.join(secs)
-    return not closing.is_alive()
+    try:
+        call_within(secs, writer.close)
+    except TimeoutError:
+        return False
+    except RuntimeError:  # its thread failed, and said so
+        pass
+    return True
+
+
+class CheckpointLoop(tf.train.SessionRunHook):
+    """The chief's checkpoints in `logdir` (a Logdir), every
+    save_checkpoint_secs, in each new session, in a thread of the
+    Supervisor's that outlives a failed save: the Supervisor's own would
+    stop every thread of the chief."""
+
+    def __init__(self, logdir, sv):
+        self.logdir, self.sv = logdir, sv
+
+    def after_create_session(self, session, coord):
+        tf.train.LooperThread.loop(
+            coord, self.logdir.save_checkpoint_secs,
+            self.logdir.save_checkpoint, args=(self.sv, session))
 
 
 class Logdir:

@@ -6,6 +6,7 @@ import time
 
 import grpc
 
+from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
 
 
@@ -41,11 +42,13 @@ def wait_for_tasks(cluster, job, timeout):
     deadline = time.time() + timeout
     addresses = cluster.job_tasks(job)
     missing = set(range(len(addresses)))
-    while missing:
-        missing = {i for i in missing if not is_listening(addresses[i])}
+
+    def all_up():
+        missing.difference_update([i for i in missing
+                                   if is_listening(addresses[i])])
+        return not missing
+    if not poll(all_up, timeout, 0.2):
         fail_if_late(job, addresses, missing, deadline, timeout)
-        if missing:
-            time.sleep(0.2)
 
 
 def fail_if_late(job, addresses, missing, deadline, timeout):

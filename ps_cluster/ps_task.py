@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import liveness, probes
+from ps_cluster.deadlines import poll
 
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
@@ -83,13 +84,13 @@ class PsTask:
 def _wait_for_farewells(sess, beats, secs):
     """Waits until every worker has ended or not beaten for a second, the
     farewell read, or `secs` are nearly over."""
-    deadline = time.time() + secs - 1
     last, moved = sess.run(beats), time.time()
-    while time.time() < deadline:
-        time.sleep(0.1)
+
+    def read():
+        nonlocal last, moved
         values = sess.run(beats)
         if np.any((values != last) & (values >= 0)):
             last, moved = values, time.time()
-        if (np.all(values < 0)
-                or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS):
-            return
+        return (np.all(values < 0)
+                or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS)
+    poll(read, secs - 1, 0.1)

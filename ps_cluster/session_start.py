@@ -1,12 +1,42 @@
-"""Where a worker's model comes from when it opens a training session: the
-chief joins the model live on the ps tasks, restores it from the last
-checkpoint in --logdir, or initializes it, and says which; the others wait
-for it."""
+"""How a worker's training session is created: once the ps tasks are up,
+with a Watchdog beating for it, the chief joins the model live on the ps
+tasks, restores it from the last checkpoint in --logdir, or initializes
+it, and says which; the others wait for it."""
 
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import errors
+from ps_cluster import errors, liveness, probes
 from ps_cluster.exits import TaskFailed
+
+
+class SessionCreator(tf.train.SessionCreator):
+    """The Supervisor's session, as TensorFlow's session creators make one
+    for a _RecoverableSession: create_session() is called at start-up and
+    again after a lost ps came back. Each waits for the ps tasks, up to
+    `timeout`, then starts a Watchdog (`watchdog`: a thread of the
+    Supervisor's, with the session's failures going to `stall`), so that
+    the ps tasks know this worker from before it waits for the model."""
+
+    def __init__(self, sv, server, config, place, logdir, timeout, stall,
+                 tokens=None):
+        self.sv, self.server, self.config, self.place = (sv, server, config,
+                                                         place)
+        self.logdir, self.timeout = logdir, timeout
+        self.stall, self.tokens = stall, tokens
+        self.watchdog, self.created = None, 0
+
+    def create_session(self):
+        cluster = self.place.cluster
+        probes.wait_for_tasks(cluster, 'ps', self.timeout)
+        with errors.failing_if_misplaced(cluster):
+            self.watchdog = liveness.Watchdog(
+                self.sv, self.server, self.config, self.place, self.timeout,
+                self.stall, self.tokens)
+            sess = open_session(self.sv, self.server.target, self.config,
+                                cluster, self.logdir, self.timeout,
+                                reopened=self.created > 0)
+        self.created += 1
+        return sess
 
 
 def open_session(sv, target, config, cluster, logdir, timeout,

@@ -1,59 +1,90 @@
-"""The stall watch: a worker whose training makes no step, or whose other
-threads found a failure, ends, whatever its main thread waits in, with one
-line saying why.
+"""A worker's failures, found by any thread, stored once and raised in its
+main thread; and the stall watch, the one thread that ends the worker
+itself, when training makes no step or the main thread, stuck in
+TensorFlow, does not raise a failure.
 
-A thread of plain Python that never runs TensorFlow itself: a session run,
-even one with a timeout, can block for good on a frozen ps, and so can
-opening or closing a session, and the threads that would notice.
+The watch's thread runs no TensorFlow itself: a session run, even one with
+a timeout, can block for good on a frozen ps, and so can opening or closing
+a session. What it calls that may (probes, closing the session) runs within
+a deadline.
 """
 
-import concurrent.futures
 import contextlib
 import sys
 import threading
 import time
 
+from ps_cluster.deadlines import call_within
+from ps_cluster.exits import TaskFailed
+
 
 class StallWatch:
-    """The one thread that ends this worker while its main thread may be
-    stuck in TensorFlow: at once for a failure another thread hands it
-    (fail()); and, once watch() is called, when the global step it is told
-    of has not moved for `ps_secs` while a ps task does not answer, or for
-    `secs` whatever the cause.
+    """This worker's failures, and its watch.
 
-    silent_ps() names the ps tasks that do not answer, silent_workers() the
-    workers that do not beat; each may run TensorFlow, and is given a few
-    seconds at most. die(message) ends the worker.
+    fail(message), from any thread, stores the first failure; the watch
+    then calls unblock() (closing the training session cancels the run the
+    main thread waits in), and the main thread raises it
+    (raise_if_failed()). Only if the worker still runs GRACE_SECS later
+    does the watch end it itself, with end.fail(message): its last resort.
+
+    Once watch() is called, a global step (step()) that has not moved for
+    `ps_secs` while a ps task does not answer, or for `secs` whatever the
+    cause, is a failure too. silent_ps() names the ps tasks that do not
+    answer, silent_workers() the workers that do not beat; each may run
+    TensorFlow, and is given CALL_SECS at most.
     """
 
     POLL_SECS = 1
     # How often a ps is called while steps stand still but it may answer.
     PROBE_SECS = 5
     CALL_SECS = 5
+    GRACE_SECS = 3
 
-    def __init__(self, secs, ps_secs, die):
-        self.secs, self.ps_secs, self.die = secs, ps_secs, die
-        self.silent_ps = self.silent_workers = None
+    def __init__(self, secs, ps_secs, end):
+        self.secs, self.ps_secs, self.end = secs, ps_secs, end
+        self.silent_ps = self.silent_workers = self.unblock = None
+        # Written by every thread of the worker, read by the watch.
         self._lock = threading.Lock()
         self._step, self._moved = None, time.time()
         self._where = [('a training run', True)]
+        self._checks = {}
         self._failure = None
         self._wake = threading.Event()
-        self._watching = self._stopped = False
-        threading.Thread(target=self._watch, daemon=True).start()
+        self._watching = self._stopped = self._closed = False
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name='stall watch')
 
-    def watch(self, silent_ps, silent_workers):
-        """From now on, a global step that stands still ends the worker."""
+    def start(self):
+        self._thread.start()
+
+    def close(self):
+        """Ends the watch: the main thread raises what is failed from now
+        on."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._thread.join()
+
+    def watch(self, silent_ps, silent_workers, unblock):
+        """From now on, a global step that stands still is a failure."""
         with self._lock:
             self.silent_ps, self.silent_workers = silent_ps, silent_workers
+            self.unblock = unblock
             self._moved, self._watching = time.time(), True
 
     def fail(self, message):
-        """Ends this worker at once, from the watch's thread: the first
-        failure handed over is the one said."""
+        """Stores a failure, from any thread: the first one is the one
+        said."""
         with self._lock:
             self._failure = self._failure or message
         self._wake.set()
+
+    def raise_if_failed(self):
+        """TaskFailed, in the main thread, if a failure is stored."""
+        with self._lock:
+            failure = self._failure
+        if failure:
+            raise TaskFailed(failure)
 
     def step(self, value):
         """The global step as a thread of this worker just read it."""
@@ -73,9 +104,23 @@ class StallWatch:
             with self._lock:
                 self._where.pop()
 
+    @contextlib.contextmanager
+    def checking(self, every, check):
+        """Until the block is done, every `every` seconds, check() (which
+        may run TensorFlow) is called: a message it returns is a
+        failure."""
+        key = object()
+        with self._lock:
+            self._checks[key] = [check, every, time.time() + every]
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._checks[key]
+
     def stop(self):
         """Training is over: steps stand still from now on. A failure
-        handed over still ends the worker."""
+        stored still ends the worker."""
         with self._lock:
             self._stopped = True
 
@@ -83,14 +128,25 @@ class StallWatch:
         probed = 0
         while True:
             self._wake.wait(self.POLL_SECS)
+            self._wake.clear()
             with self._lock:
-                failure = self._failure
+                failure, closed = self._failure, self._closed
                 watching = self._watching and not self._stopped
                 idle = time.time() - self._moved
                 where, watch_ps = self._where[-1]
+                due = [entry for entry in self._checks.values()
+                       if time.time() >= entry[2]]
+                for entry in due:
+                    entry[2] = time.time() + entry[1]
             if failure:
-                self.die(failure)  # it ends the worker
+                self._last_resort(failure)
                 return
+            if closed:
+                return
+            for check, _, _ in due:
+                message = self._call(check, None)
+                if message:
+                    self.fail(message)
             if not watching:
                 continue
             if idle > self.secs or (
@@ -99,34 +155,38 @@ class StallWatch:
                 probed = time.time()
                 missing = self._call(self.silent_ps, [])
                 if missing:
-                    self._end(self.secs if idle > self.secs else self.ps_secs,
-                              where, ', '.join(task + ' does not answer'
-                                               for task in missing))
-                if idle > self.secs:
-                    self._end(self.secs, where, 'missing: ' + (', '.join(
+                    self._stalled(
+                        self.secs if idle > self.secs else self.ps_secs,
+                        where, ', '.join(task + ' does not answer'
+                                         for task in missing))
+                elif idle > self.secs:
+                    self._stalled(self.secs, where, 'missing: ' + (', '.join(
                         self._call(self.silent_workers, ['unknown']))
                         or 'none'))
+
+    def _last_resort(self, failure):
+        """Unblocks the main thread, which raises the failure and ends the
+        worker; or, if it has not within GRACE_SECS, ends it."""
+        if self.unblock:
+            self._call(self.unblock, None)
+        time.sleep(self.GRACE_SECS)
+        self.end.fail(failure)  # it ends the worker
 
     def _call(self, function, otherwise):
         """function(), or otherwise if it takes more than CALL_SECS (it may
         meet a frozen ps too) or fails."""
-        pool = concurrent.futures.ThreadPoolExecutor(1)
         try:
-            return pool.submit(function).result(self.CALL_SECS)
-        except concurrent.futures.TimeoutError:
+            return call_within(self.CALL_SECS, function)
+        except TimeoutError:
             return otherwise
         except Exception as e:  # none expected: said, and the watch goes on
             print('stall watch: %s failed: %s' % (function.__name__, e),
                   file=sys.stderr, flush=True)
             return otherwise
-        finally:
-            pool.shutdown(wait=False)
 
-    def _end(self, secs, where, why):
+    def _stalled(self, secs, where, why):
         with self._lock:
-            stopped, failure = self._stopped, self._failure
-        if failure:  # handed over while the probes ran: it is the cause
-            self.die(failure)
-        elif not stopped:
-            self.die('training stalled: no new global step for %g s, '
-                     'waiting in %s; %s' % (secs, where, why))
+            stopped = self._stopped
+        if not stopped:
+            self.fail('training stalled: no new global step for %g s, '
+                      'waiting in %s; %s' % (secs, where, why))

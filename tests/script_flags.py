@@ -22,7 +22,7 @@ def usage_error(args, env, monkeypatch, capsys):
     try:
         with pytest.raises(SystemExit) as exited:
             cluster_utils.parse_flags(sys.argv)
-            cluster_utils.cluster_hosts()
+            cluster_utils.Task(sync=False)
     finally:
         cluster_utils.FLAGS.unparse_flags()
     assert exited.value.code == 2

@@ -114,6 +114,24 @@ def test_say_left_marks_no_left_without_its_reason(shared_cluster):
     assert on_ps(cluster, 0, lambda beats, *_: beats).tolist() == [0, 0]
 
 
+class Stall:
+    """What a Watchdog hands the StallWatch: failures, and the global steps
+    it reads."""
+
+    def __init__(self, on_failure, on_step):
+        self.fail, self.step = on_failure, on_step or (lambda step: None)
+
+    def raise_if_failed(self):
+        pass
+
+
+class Tokens:
+    """What a sync Watchdog asks of SyncTokens when a worker departs."""
+
+    def __init__(self, on_departure):
+        self.on_departure = lambda session: on_departure()
+
+
 @contextlib.contextmanager
 def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
              on_departure=None, training=False):
@@ -132,8 +150,8 @@ def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
                                  init_op=tf.global_variables_initializer())
     dog = liveness.Watchdog(sv, worker, config,
                             sources.Place(cluster, 'worker', index),
-                            startup_timeout, on_step, on_failure,
-                            on_departure)
+                            startup_timeout, Stall(on_failure, on_step),
+                            on_departure and Tokens(on_departure))
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:
         if training:

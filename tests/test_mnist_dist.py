@@ -174,7 +174,7 @@ BOOK_STEPS = [
     r'w = tf.get_variable\(', r'b = tf.get_variable\(',
     r'loss_op = tf.reduce_mean\(cross_entropy\)', r'correct_pred = ',
     r'accuracy_op = tf.reduce_mean', r'def main\(',
-    r'tf.train.ClusterSpec\(', r"if FLAGS.job_name == 'ps':",
+    r'tf.train.ClusterSpec\(', r"if task.job_name == 'ps':",
     r'tf.train.Server\(', r'is_chief = ', r'replica_device_setter\(',
     r'global_step = tf.train.get_or_create_global_step\(\)',
     r'x_p = tf.placeholder', r'y_p = tf.placeholder',

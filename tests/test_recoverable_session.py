@@ -30,8 +30,8 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from ps_cluster import liveness, server  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.ps_task import PsTask  # noqa: E402
-from ps_cluster.recoverable_session import (  # noqa: E402
-    RecoverableSession, Timeouts)
+from ps_cluster.recoverable_session import RecoverableSession  # noqa: E402
+from ps_cluster.session_start import SessionCreator  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 
@@ -54,12 +54,20 @@ def ps(shared_cluster):
                   Place(cluster, 'ps', 0))
 
 
-def recoverable_session(cluster, died, startup_timeout=10):
+class Died:
+    """The stall watch's last resort, which keeps the failures it ends the
+    worker with."""
+
+    def __init__(self, died):
+        self.fail = died.append
+
+
+def recoverable_session(cluster, died, startup_timeout=10, hooks=()):
     """What the chief of the scripts builds, in a graph of its own (the
     model, of 4 pixels and 2 classes, under replica_device_setter, and the
     Supervisor), and its RecoverableSession, opened by the chief's own
-    server; a failure handed to the stall watch goes to died. Returns the
-    session and the training step."""
+    server, with `hooks`; a failure the stall watch ends the worker with
+    goes to died. Returns the session and the training step."""
     chief = small_model.server(cluster, 'worker', 0)
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
@@ -72,11 +80,13 @@ def recoverable_session(cluster, died, startup_timeout=10):
             global_step=global_step,
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0)
-        timeouts = Timeouts(startup=startup_timeout, ps=10, stall=60)
-        sess = RecoverableSession(
-            sv, chief, Place(cluster, 'worker', 0),
-            server.session_config('worker', 0, 1.0), timeouts,
-            StallWatch(timeouts.stall, timeouts.ps, died.append))
+        place = Place(cluster, 'worker', 0)
+        stall = StallWatch(60, 10, Died(died))
+        creator = SessionCreator(sv, chief,
+                                 server.session_config('worker', 0, 1.0),
+                                 place, None, startup_timeout, stall)
+        sess = RecoverableSession(creator, list(hooks), place, 10,
+                                  stall).open()
     return sess, train_op
 
 
@@ -92,11 +102,18 @@ def test_the_chief_opens_the_session_once_the_ps_is_up_and_trains(ps,
     assert died == []
 
 
-def test_on_each_session_calls_start_at_once(ps):
-    sess, _ = recoverable_session(ps.place.cluster, [])
-    started = []
-    sess.on_each_session(started.append)
-    assert started == [sess.session]
+class Hook(tf.train.SessionRunHook):
+    def __init__(self):
+        self.created = []
+
+    def after_create_session(self, session, coord):
+        self.created.append((session, coord))
+
+
+def test_each_hook_is_called_in_the_session_created(ps):
+    hook = Hook()
+    sess, _ = recoverable_session(ps.place.cluster, [], hooks=[hook])
+    assert hook.created == [(sess.session, sess.sv.coord)]
     sess.close()
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
                       assert_one_error_line, ps_port)
+from ps_cluster.exits import TaskFailed
 from ps_cluster.stall_watch import StallWatch
 
 PS = '/job:ps/task:0 (localhost:1)'
@@ -22,14 +23,14 @@ WORKER = '/job:worker/task:1 (localhost:3)'
 
 
 class Die:
-    """A worker's die(message) never returns: it ends the process. This one
-    parks the watch's thread for good instead, and keeps what it was
-    handed."""
+    """A worker's TaskEnd.fail(message), the watch's last resort, never
+    returns: it ends the process. This one parks the watch's thread for
+    good instead, and keeps what it was handed."""
 
     def __init__(self):
         self.said = queue.Queue()
 
-    def __call__(self, message):
+    def fail(self, message):
         self.said.put(message)
         threading.Event().wait()
 
@@ -42,20 +43,58 @@ def die(monkeypatch):
     monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.02)
     monkeypatch.setattr(StallWatch, 'PROBE_SECS', 0.05)
     monkeypatch.setattr(StallWatch, 'CALL_SECS', 0.1)
+    monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.05)
     return Die()
+
+
+def started(*args):
+    watch = StallWatch(*args)
+    watch.start()
+    return watch
 
 
 def test_a_failure_handed_over_ends_the_worker_at_once(die, monkeypatch):
     # Not at the next poll: at once, and before watch().
     monkeypatch.setattr(StallWatch, 'POLL_SECS', 60)
-    watch = StallWatch(60, 60, die)
+    watch = started(60, 60, die)
     watch.fail('the data ran out')
     watch.fail('lost the connection to ' + PS)
     assert die.first() == 'the data ran out'
 
 
+def test_a_failure_is_raised_in_the_main_thread_once_it_is_unblocked(die):
+    unblocked = threading.Event()
+    watch = started(60, 60, die)
+    watch.watch(lambda: [], lambda: [], unblocked.set)
+    watch.raise_if_failed()  # none yet
+    watch.fail('the data ran out')
+    # The main thread's session run, cancelled by unblock(), raises it.
+    assert unblocked.wait(5)
+    with pytest.raises(TaskFailed, match='^the data ran out$'):
+        watch.raise_if_failed()
+    # The main thread did not end the worker: the last resort does.
+    assert die.first() == 'the data ran out'
+
+
+def test_a_check_that_returns_a_message_is_a_failure(die):
+    watch = started(60, 60, die)
+    answers = iter([None, 'lost the connection to ' + PS])
+    with watch.checking(0.05, lambda: next(answers)):
+        assert die.first() == 'lost the connection to ' + PS
+
+
+def test_close_ends_the_watch_and_leaves_failures_to_the_main_thread(die):
+    watch = started(0.05, 0.05, die)
+    watch.watch(lambda: [PS], lambda: [], None)
+    watch.close()
+    watch.fail('over')
+    with pytest.raises(TaskFailed):
+        watch.raise_if_failed()
+    assert die.said.empty()
+
+
 def test_before_watch_a_standing_step_ends_nothing(die):
-    watch = StallWatch(0.05, 0.05, die)
+    watch = started(0.05, 0.05, die)
     watch.step(3)
     time.sleep(0.3)  # many polls, past secs
     watch.fail('over')
@@ -66,20 +105,21 @@ def test_before_watch_a_standing_step_ends_nothing(die):
     ([WORKER], WORKER), ([], 'none')])
 def test_no_step_for_secs_ends_the_worker_naming_the_silent_workers(
         die, silent_workers, missing):
-    watch = StallWatch(0.2, 60, die)
+    watch = started(0.2, 60, die)
     with watch.waiting_in('the sync token queue'):
-        watch.watch(lambda: [], lambda: silent_workers)
+        watch.watch(lambda: [], lambda: silent_workers, None)
         assert die.first() == (
             'training stalled: no new global step for 0.2 s, waiting in '
             'the sync token queue; missing: ' + missing)
 
 
 def test_a_silent_ps_is_named_after_ps_secs(die):
-    watch = StallWatch(60, 0.1, die)
+    watch = started(60, 0.1, die)
     # A wait that is over says nothing any more.
     with watch.waiting_in('opening a session', watch_ps=False):
         pass
-    watch.watch(lambda: [PS, '/job:ps/task:1 (localhost:2)'], lambda: [])
+    watch.watch(lambda: [PS, '/job:ps/task:1 (localhost:2)'], lambda: [],
+                None)
     assert die.first() == (
         'training stalled: no new global step for 0.1 s, waiting in a '
         'training run; ' + PS + ' does not answer, /job:ps/task:1 '
@@ -87,9 +127,9 @@ def test_a_silent_ps_is_named_after_ps_secs(die):
 
 
 def test_a_wait_without_watch_ps_leaves_a_lost_ps_to_the_wait(die):
-    watch = StallWatch(0.4, 0.05, die)
+    watch = started(0.4, 0.05, die)
     with watch.waiting_in('opening a session', watch_ps=False):
-        watch.watch(lambda: [PS], lambda: [])
+        watch.watch(lambda: [PS], lambda: [], None)
         # Not after ps_secs: after secs, which the line says.
         assert die.first() == (
             'training stalled: no new global step for 0.4 s, waiting in '
@@ -97,8 +137,8 @@ def test_a_wait_without_watch_ps_leaves_a_lost_ps_to_the_wait(die):
 
 
 def test_steps_that_move_keep_the_watch_quiet(die):
-    watch = StallWatch(1, 1, die)
-    watch.watch(lambda: [PS], lambda: [WORKER])
+    watch = started(1, 1, die)
+    watch.watch(lambda: [PS], lambda: [WORKER], None)
     deadline = time.monotonic() + 2
     step = 0
     while time.monotonic() < deadline:
@@ -110,8 +150,8 @@ def test_steps_that_move_keep_the_watch_quiet(die):
 
 
 def test_a_step_read_again_has_not_moved(die):
-    watch = StallWatch(0.2, 60, die)
-    watch.watch(lambda: [], lambda: [WORKER])
+    watch = started(0.2, 60, die)
+    watch.watch(lambda: [], lambda: [WORKER], None)
     deadline = time.monotonic() + 5
     while die.said.empty() and time.monotonic() < deadline:
         watch.step(7)
@@ -122,8 +162,8 @@ def test_a_step_read_again_has_not_moved(die):
 
 
 def test_after_stop_a_stall_ends_nothing_and_a_failure_still_does(die):
-    watch = StallWatch(0.05, 0.05, die)
-    watch.watch(lambda: [PS], lambda: [WORKER])
+    watch = started(0.05, 0.05, die)
+    watch.watch(lambda: [PS], lambda: [WORKER], None)
     watch.stop()
     time.sleep(0.3)  # many polls, past secs
     watch.fail('the chief ended: "interrupted"')
@@ -139,8 +179,8 @@ def test_stop_while_a_ps_is_called_ends_nothing(die, monkeypatch):
         called.set()
         answer.wait()
         return [PS]
-    watch = StallWatch(60, 0.05, die)
-    watch.watch(silent_ps, lambda: [])
+    watch = started(60, 0.05, die)
+    watch.watch(silent_ps, lambda: [], None)
     assert called.wait(5)
     watch.stop()
     answer.set()
@@ -150,9 +190,9 @@ def test_stop_while_a_ps_is_called_ends_nothing(die, monkeypatch):
 
 def test_calls_that_block_past_call_secs_are_given_up_on(die):
     frozen = threading.Event()  # a frozen ps, thawed when the test is done
-    watch = StallWatch(0.3, 0.05, die)
+    watch = started(0.3, 0.05, die)
     try:
-        watch.watch(frozen.wait, frozen.wait)
+        watch.watch(frozen.wait, frozen.wait, None)
         # The ps given up on counts as answering; the workers as unknown.
         assert die.first() == (
             'training stalled: no new global step for 0.3 s, waiting in a '

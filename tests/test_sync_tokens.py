@@ -1,7 +1,7 @@
 """Sync's tokens (ps_cluster/sync_tokens.py): in-process, with servers of
 one cluster in the test's process and the book's SyncReplicasOptimizer, the
 token ops a worker runs when another departs, when it is done, and to free
-one that waits, and the chief's start of the updates. In a cluster of
+one that waits, and the chief's start of the updates in a new session. In a cluster of
 processes, a sync worker started again rejoins the run; a lost worker's
 token is put back in test_liveness.py."""
 
@@ -98,25 +98,17 @@ def test_a_worker_done_leaves_a_token_for_every_worker(chief):
 
 
 def test_freeing_a_waiting_worker_puts_in_one_token(chief):
+    # What a sync worker's Watchdog runs while its Supervisor's threads
+    # stopped on a lost ps.
     _, sess, ops = chief
-    ops['worker'].free_a_waiting_worker(sess)
+    sess.run(ops['worker'].add_token_op)
     assert sess.run(ops['tokens']) == 1
-
-
-class OneSession:
-    """What start_updates() needs of a RecoverableSession: start(session)
-    called in the session there is (there is no lost ps here)."""
-
-    def __init__(self, session):
-        self.session = session
-
-    def on_each_session(self, start):
-        start(self.session)
 
 
 def test_the_chiefs_updates_apply_each_gradient_and_hand_out_tokens(chief):
     sv, sess, ops = chief
-    ops['running'].start_updates(sv, OneSession(sess))
+    # As the chief's RecoverableSession calls its hooks in a new session.
+    ops['running'].after_create_session(sess, sv.coord)
     # The first step's token: one per gradient an update.
     assert sess.run(ops['tokens']) == 1
     sess.run(ops['train_op'])
