@@ -1,11 +1,8 @@
 """The cluster side of mnist_dist_async.py and mnist_dist_sync.py: the
-cluster's flags, and this task (start_task()), whose few calls each script
-makes to run as one task of a parameter-server cluster, each standing in for
-a line of the book's script or adding what a real cluster needs. What they
-need beneath them is in ps_cluster/, one module per concern, which reads no
-flag.
-
-Importing it only defines flags: the scripts set TensorFlow up themselves.
+cluster's flags, and this task (start_task()), whose calls stand in for a
+line of the book's script or add what a real cluster needs, on ps_cluster/
+beneath, which reads no flag. Importing it only defines flags: the scripts
+set TensorFlow up themselves.
 """
 
 import collections
@@ -22,7 +19,7 @@ import mnist_data
 from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
 from ps_cluster.exits import TaskFailed
-from ps_cluster.export import Exists, export_saved_model
+from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import CheckpointLoop, Logdir
 from ps_cluster.ps_task import PsTask
 from ps_cluster.recoverable_session import RecoverableSession
@@ -154,13 +151,11 @@ def parse_flags(argv):
 
 
 def start_task(sync):
-    """This task, found from the flags, TF_CONFIG or Slurm (see Task), set
-    to end in one line: Ctrl-C and SIGTERM at once, inside sess.run too
-    (and after Ctrl-C the other tasks are told why); a failure of ours
-    (TaskFailed) and a server whose port is taken, as the main thread
-    raises them. A thread of TensorFlow's or ours that fails says why in
-    one line, and the task goes on. `sync`: the script is
-    mnist_dist_sync.py."""
+    """This task (a Task; `sync`: of mnist_dist_sync.py), set to end in one
+    line: Ctrl-C and SIGTERM at once, inside sess.run too, the cluster told
+    why after Ctrl-C; a failure of ours (TaskFailed) and a port in use, as
+    the main thread raises them. A thread that fails says why in one line,
+    and the task goes on."""
     task = Task(sync)
     task.end.on_signals()
 
@@ -196,17 +191,14 @@ def start_task(sync):
 class Task:
     """This task of the cluster: its place (job_name, index, is_chief),
     every task's host:port by job (`cluster`, for tf.train.ClusterSpec),
-    the `config` of its server and sessions, the chief's `logdir`, and how
-    it ends (`end`). Its methods are the scripts' calls beneath
-    TensorFlow's own.
+    the `config` of its server and sessions, the chief's `logdir`, how it
+    ends (`end`); its methods are the scripts' calls.
 
-    The cluster comes from the first of: --ps and --worker; TF_CONFIG;
-    Slurm's variables inside a step of srun; the defaults of --ps and
-    --worker. One line says which; TF_CONFIG and Slurm give the job and
-    index, which flags given too must agree with. A second line says the
-    size of its thread pools: --pool_threads, or its share of the host's
-    CPUs (TensorFlow's own defaults take every CPU in every task, as if
-    each had the host alone).
+    The cluster comes from the first of --ps and --worker, TF_CONFIG,
+    Slurm's variables inside a step of srun, the defaults of --ps and
+    --worker: one line says which. A second says the size of its thread
+    pools: --pool_threads, or its share of the host's CPUs (TensorFlow's
+    own take every CPU in every task, as if each had the host alone).
     """
 
     def __init__(self, sync):
@@ -216,12 +208,10 @@ class Task:
         self.name, self.is_chief = self.place.name, self.place.is_chief
         self.cluster = spec.as_dict()
         self.end = exits.TaskEnd(lambda: self.name)
-        self.address = here = None
-        if self.job_name == 'evaluator':
-            here = 'this task follows its checkpoints'
-        else:
-            self.address = spec.task_address(self.job_name, self.index)
-            here = 'this task: ' + self.address
+        self.address = (None if self.job_name == 'evaluator' else
+                        spec.task_address(self.job_name, self.index))
+        here = ('this task: %s' % self.address if self.address
+                else 'this task follows its checkpoints')
         if source == 'Slurm':
             here += ' (Slurm task %s on %s)' % (
                 os.environ['SLURM_PROCID'], os.environ.get('SLURMD_NODENAME'))
@@ -326,8 +316,7 @@ class Task:
         hooks = [tokens] if tokens else []
         if self.logdir:
             hooks.append(CheckpointLoop(self.logdir, sv))
-        sess = RecoverableSession(creator, hooks, self.place,
-                                  FLAGS.ps_timeout, stall,
+        sess = RecoverableSession(creator, hooks, FLAGS.ps_timeout,
                                   self.logdir).open()
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.telling())
@@ -402,18 +391,18 @@ class Task:
         try:
             accuracy = export_saved_model(model, values, path, test,
                                           mnist_data.IMAGE_PIXELS)
-        except Exists as e:
-            if not e.same_model:
-                raise TaskFailed('cannot export the model to %s: it exists, '
-                                 'and holds another model' % path)
-            print('%s: the model at global_step=%d is exported already, to %s'
-                  % (self.name, step, path), flush=True)
-            return
+        except ValueError as e:
+            raise TaskFailed('cannot export the model to %s: %s' % (path, e))
         except (tf.errors.OpError, OSError) as e:
             raise TaskFailed('cannot export the model to %s (%s)'
                              % (path, errors.what_went_wrong(e)))
-        print('%s: exported the model at global_step=%d to %s; its test '
-              'accuracy = %s' % (self.name, step, path, accuracy), flush=True)
+        if accuracy is None:
+            print('%s: the model at global_step=%d is exported already, to %s'
+                  % (self.name, step, path), flush=True)
+        else:
+            print('%s: exported the model at global_step=%d to %s; its test '
+                  'accuracy = %s' % (self.name, step, path, accuracy),
+                  flush=True)
 
     def leave(self):
         """Ends this task at once, status 0: TensorFlow cannot stop its

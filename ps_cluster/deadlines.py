@@ -1,6 +1,7 @@
 """Waiting within a deadline: a call that may block for good in TensorFlow,
 and a condition polled until it holds."""
 
+import concurrent.futures
 import threading
 import time
 
@@ -9,23 +10,18 @@ def call_within(secs, function, *args):
     """function(*args)'s value, or its exception, from a thread of its own;
     TimeoutError once secs have passed: the thread is left to the call,
     which may wait on a frozen ps for good."""
-    outcome = []
+    future = concurrent.futures.Future()
 
     def call():
         try:
-            outcome.append((True, function(*args)))
+            future.set_result(function(*args))
         except Exception as e:  # raised again in the caller's thread
-            outcome.append((False, e))
-    thread = threading.Thread(target=call, daemon=True,
-                              name=getattr(function, '__name__', 'call'))
-    thread.start()
-    thread.join(secs)
-    if not outcome:
-        raise TimeoutError('%s took more than %g s' % (thread.name, secs))
-    returned, value = outcome[0]
-    if not returned:
-        raise value
-    return value
+            future.set_exception(e)
+    threading.Thread(target=call, daemon=True).start()
+    try:
+        return future.result(secs)
+    except concurrent.futures.TimeoutError:  # TimeoutError from Python 3.11
+        raise TimeoutError('no answer within %g s' % secs)
 
 
 def poll(check, secs, every):

@@ -1,7 +1,6 @@
 """Reading TensorFlow's errors in a cluster: what went wrong, in one line,
 and which task was lost or misplaced."""
 
-import contextlib
 import re
 
 import tensorflow.compat.v1 as tf
@@ -63,32 +62,19 @@ def lost_connection(cluster, error, this_task, missing=()):
         job, index, cluster.task_address(job, index))
 
 
-@contextlib.contextmanager
-def failing_if_cluster_lost(cluster, this_task):
-    """TaskFailed, naming the task, when a ps task goes away."""
-    try:
-        yield
-    except LOST as e:
-        raise TaskFailed(lost_connection(cluster, e, this_task))
-
-
-@contextlib.contextmanager
-def failing_if_misplaced(cluster):
-    """TaskFailed when the task that answers at an address of the cluster
-    is not the one the cluster puts there: the tasks were given clusters
-    that differ."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as e:
-        unknown = re.search(r'/job:(\w+)/replica:\d+/task:(\d+)/\S+ unknown '
-                            r'device', e.message)
-        if not unknown:
-            raise
-        job, index = unknown.group(1), int(unknown.group(2))
-        raise TaskFailed('cannot place the model on /job:%s/task:%d (%s): '
-                         'another task answers there; give every task the '
-                         'same cluster'
-                         % (job, index, cluster.task_address(job, index)))
+def misplaced(cluster, error):
+    """TaskFailed if an InvalidArgumentError says that the task answering at
+    an address of the cluster is not the one the cluster puts there (the
+    tasks were given clusters that differ); else the error."""
+    unknown = re.search(r'/job:(\w+)/replica:\d+/task:(\d+)/\S+ unknown '
+                        r'device', error.message)
+    if not unknown:
+        return error
+    job, index = unknown.group(1), int(unknown.group(2))
+    return TaskFailed('cannot place the model on /job:%s/task:%d (%s): '
+                      'another task answers there; give every task the same '
+                      'cluster'
+                      % (job, index, cluster.task_address(job, index)))
 
 
 def parse_errors_in_linear_time():

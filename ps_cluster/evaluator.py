@@ -27,14 +27,11 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
     one the chief said it ended its run at (short of last_step where a
     worker failed, past it in an async run resumed), or, with no word from
     the chief, one at last_step or beyond once the chief no longer answers;
-    then on_last(step, {name: value}) is called. Raises TaskFailed, saying why,
-    once the chief has left on purpose (it says why in logdir), or when for
+    then calls on_last(step, {name: value}). Raises TaskFailed once the
+    chief has left on purpose (it says why in logdir), or when for
     `timeout` seconds no new checkpoint came and chief_answers() said no.
-
-    model(images) builds the logits, with the variables the checkpoints
-    hold, and loss_and_accuracy(logits, labels) what is measured, as the
-    workers do; a checkpoint that disappears or is half-written is
-    skipped.
+    model(images) and loss_and_accuracy(logits, labels) are the workers';
+    a checkpoint that disappears or is half-written is skipped.
     """
     with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
         images = tf.placeholder(tf.float32, [None, pixels])

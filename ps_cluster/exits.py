@@ -28,11 +28,8 @@ class TaskFailed(Exception):
 class TaskEnd:
     """The end of this task, which the first thread to end it owns: a
     second one waits for good, so that Ctrl-C while a ps tells an error of
-    its own, or its last worker leaving while it tells why it ends, changes
-    neither the line nor the exit status.
-
-    name() is this task's name, /job:worker/task:1, as known when it ends.
-    """
+    its own changes neither the line nor the exit status. name() is this
+    task's name, /job:worker/task:1."""
 
     # How long the last words may take: a ps gives the workers time to read
     # them.
@@ -44,35 +41,24 @@ class TaskEnd:
         self._tell = None
 
     def before_leaving(self, tell):
-        """tell(reason) will be called when this task ends on purpose: an
+        """tell(reason) will be called when this task ends on purpose (an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
-        a task it will start again, nor a crash. It replaces the tell given
-        before: a task tells the cluster one way at a time."""
+        a task it will start again), instead of the tell given before."""
         self._tell = tell
 
     def fail(self, message, status=1):
         """Ends this task with a one-line error and status 1 (2: a usage
         error), once it has told the cluster why: called by the main
         thread's excepthook, and by the stall watch as its last resort.
-
         With os._exit: the telling may still be inside TensorFlow's C++,
-        and closing a session whose ps is gone, or that another thread is
-        inside, can block for good, and so can the interpreter's own
-        clean-up.
-        """
+        and the interpreter's clean-up can block on a lost ps for good."""
         self._end('error: %s' % message, str(message), status)
 
     def leave(self):
         """Ends this task at once, with status 0, once all is said and
-        closed.
-
-        TensorFlow cannot stop its gRPC server, and tearing the interpreter
-        down around it takes a second or more for nothing.
-        """
-        self._end_once()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        closed: TensorFlow cannot stop its gRPC server, and tearing the
+        interpreter down around it takes a second or more for nothing."""
+        self._end(None, None, 0, tell=False)
 
     def on_signals(self):
         """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line
@@ -82,10 +68,9 @@ class TaskEnd:
         for it.
 
         Python runs its handlers in the main thread only, between bytecodes:
-        never while that thread waits in TensorFlow's C++. The signal number
-        that Python's C handler writes to the wakeup pipe, whichever thread
-        the signal reached, is read by a thread of ours at once; it ends the
-        process, and nothing joins it.
+        never while that thread waits in TensorFlow's C++. A thread of ours
+        reads the signal number that Python's C handler writes to the wakeup
+        pipe; it ends the process, and nothing joins it.
         """
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
@@ -101,22 +86,21 @@ class TaskEnd:
         threading.Thread(target=end, daemon=True, name='signals').start()
 
     def _end(self, line, reason, status, tell=True):
-        """One line on stderr; the cluster told `reason`, unless not `tell`;
-        then the end, with status."""
-        self._end_once()
+        """One line on stderr, if any; the cluster told `reason`, unless
+        not `tell`; then the end, with status. A second end waits for
+        good."""
+        if not self._ending.acquire(blocking=False):
+            threading.Event().wait()
         try:
-            print('%s: %s' % (self.name(), line), file=sys.stderr,
-                  flush=True)
+            if line:
+                print('%s: %s' % (self.name(), line), file=sys.stderr,
+                      flush=True)
         except OSError:  # nobody reads stderr any more
             pass
         if tell:
             self._say_last_words(reason)
         sys.stdout.flush()
         os._exit(status)
-
-    def _end_once(self):
-        if not self._ending.acquire(blocking=False):
-            threading.Event().wait()
 
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:

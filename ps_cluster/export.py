@@ -8,35 +8,28 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 
-class Exists(Exception):
-    """export_dir holds a SavedModel already; same_model says whether its
-    variables hold the values that were to be exported."""
-
-    def __init__(self, export_dir, same_model):
-        super().__init__(export_dir)
-        self.same_model = same_model
-
-
 def export_saved_model(model, values, export_dir, split, pixels):
     """Writes model, its variables set to values ({name: array}), as a
-    SavedModel in export_dir, and returns its accuracy on split; or raises
-    Exists. It appears whole, by a rename: two tasks may export at once.
+    SavedModel in export_dir, and returns its accuracy on split; None if
+    export_dir holds that model already, ValueError if another. It appears
+    whole, by a rename: two tasks may export at once.
 
     model(images) builds the logits of float32 images of `pixels` values in
     [0, 1], with variables named as in values.
     """
-    if tf.io.gfile.exists(export_dir):
-        raise Exists(export_dir, _holds(export_dir, values))
-    staging = '%s.tmp-%d' % (export_dir, os.getpid())
-    accuracy = _write(model, values, staging, split, pixels)
-    try:
-        tf.io.gfile.rename(staging, export_dir)
-    except tf.errors.OpError:
-        tf.io.gfile.rmtree(staging)
-        if not tf.io.gfile.exists(export_dir):
-            raise
-        raise Exists(export_dir, _holds(export_dir, values))
-    return accuracy
+    if not tf.io.gfile.exists(export_dir):
+        staging = '%s.tmp-%d' % (export_dir, os.getpid())
+        accuracy = _write(model, values, staging, split, pixels)
+        try:
+            tf.io.gfile.rename(staging, export_dir)
+            return accuracy
+        except tf.errors.OpError:
+            tf.io.gfile.rmtree(staging)
+            if not tf.io.gfile.exists(export_dir):
+                raise
+    if not _holds(export_dir, values):
+        raise ValueError('it exists, and holds another model')
+    return None
 
 
 def _holds(export_dir, values):
@@ -72,4 +65,3 @@ def _write(model, values, export_dir, split, pixels):
                              'classes': classes}))})
         builder.save()
     return accuracy
-

@@ -1,18 +1,13 @@
-"""Which tasks of the cluster are alive, from the workers' heartbeats.
+"""Which tasks of the cluster are alive, from the workers' heartbeats: each
+worker adds one to its own slot of a counter vector on each ps task, over
+the channels that training keeps open anyway, every POLL_SECS; each ps
+reads its own where it lies and counts departures (ps_task.py); workers
+read ps 0's count and each ps's farewell. A worker's cost is one small RPC
+to each ps task a poll, whatever the number of workers.
 
-No task connects to another's port to learn whether it lives: every worker
-beats, adding one to its own slot of a counter vector on each ps task, over
-the gRPC channels that training keeps open to the ps tasks anyway, once
-every POLL_SECS. Each ps reads its own vector where it lies, decides who is
-alive, gone or done, and counts each worker's departures (ps_task.py);
-the workers read ps 0's count to learn that another worker is gone, and
-each ps's farewell to learn why it ended. A worker's cost is one small RPC
-to each ps task per poll, whatever the number of workers.
-
-A worker that ends marks its slot: DONE, or LEFT, with its reason, on an
-error of its own or Ctrl-C, whenever it fails: at start-up too, before it
-has a server of its own. The counters live in a graph of their own, so the
-Supervisor neither saves, initializes nor waits for them.
+A worker that ends marks its slot DONE, or LEFT with its reason, at
+start-up too. The counters live in a graph of their own, so the Supervisor
+neither saves, initializes nor waits for them.
 """
 
 import threading
@@ -116,17 +111,16 @@ def _left_before_the_model(beats, global_step):
 class Watchdog(tf.train.LooperThread):
     """A thread of the Supervisor's that beats for this worker, and reads
     through the ps tasks what the other tasks do; its failures go to
-    `stall`, the StallWatch, which the main thread raises them from.
+    `stall`, the StallWatch, for the main thread to raise.
 
-    While this worker waits for the model: a chief that came up and went
-    away is a failure. While it trains (watch_training): a worker that went
-    away is named once, if sync's `tokens` say it is gone rather than done;
-    each global step read is told to the stall watch. A ps that ends on
-    purpose, and says why, is a failure that quotes it. A beat that finds a
-    ps lost stops the Supervisor's threads with the error, for the main
-    thread to recover; and a sync worker's Watchdog then puts in tokens
-    until the main thread recovers: it may wait, on a ps that stayed, for a
-    token that the stopped updates were to give. Once paused, it only
+    Failures: a chief that went away while this worker waits for the model;
+    a ps that ended on purpose, quoted. While it trains (watch_training), a
+    worker that went away is named once if sync's `tokens` say it is gone,
+    not done, and each global step read goes to the stall watch. A beat
+    that finds a ps lost stops the Supervisor's threads with the error, for
+    the main thread to recover; a sync worker's Watchdog then puts in
+    tokens until it does: the main thread may wait, on a ps that stayed,
+    for a token that the stopped updates were to give. Once paused, it only
     beats.
     """
 
@@ -139,8 +133,6 @@ class Watchdog(tf.train.LooperThread):
         super().__init__(sv.coord, self.POLL_SECS)
         self.sv, self.place, self.stall, self.tokens = sv, place, stall, tokens
         task_index = place.index
-        self.workers = place.cluster.job_tasks('worker')
-        self.ps_tasks = place.cluster.job_tasks('ps')
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
         self.sess = None
@@ -148,7 +140,8 @@ class Watchdog(tf.train.LooperThread):
         graph = tf.Graph()
         with graph.as_default():
             beats, departures, self.farewells, reasons = counters(
-                len(self.workers), range(len(self.ps_tasks)))
+                place.cluster.num_tasks('worker'),
+                range(place.cluster.num_tasks('ps')))
             one = tf.constant([1], tf.int64)
             self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
                                       for b in beats])

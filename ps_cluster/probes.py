@@ -41,14 +41,10 @@ def wait_for_tasks(cluster, job, timeout):
     after timeout."""
     deadline = time.time() + timeout
     addresses = cluster.job_tasks(job)
-    missing = set(range(len(addresses)))
-
-    def all_up():
-        missing.difference_update([i for i in missing
-                                   if is_listening(addresses[i])])
-        return not missing
-    if not poll(all_up, timeout, 0.2):
-        fail_if_late(job, addresses, missing, deadline, timeout)
+    if not poll(lambda: all(map(is_listening, addresses)), timeout, 0.2):
+        fail_if_late(job, addresses, {i for i, address in enumerate(addresses)
+                                      if not is_listening(address)},
+                     deadline, timeout)
 
 
 def fail_if_late(job, addresses, missing, deadline, timeout):

@@ -36,10 +36,20 @@ class PsTask:
                 [self.beats, departures, farewell, self.reasons]))
 
     def tell_workers(self, why, secs):
-        """Says why this ps ends on purpose, until every worker has read it
-        and left, or is silent, or `secs` are nearly over."""
+        """Says why this ps ends on purpose, until every worker has ended
+        or not beaten for a second (it read it), or `secs` are nearly
+        over."""
         self.sess.run(self.say, {self.reason: why})
-        _wait_for_farewells(self.sess, self.beats, secs)
+        last, moved = self.sess.run(self.beats), time.time()
+
+        def read():
+            nonlocal last, moved
+            values = self.sess.run(self.beats)
+            if np.any((values != last) & (values >= 0)):
+                last, moved = values, time.time()
+            return (np.all(values < 0)
+                    or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS)
+        poll(read, secs - 1, 0.1)
 
     def serve_until_workers_gone(self, startup_timeout, worker_timeout):
         """Serves until every worker has come up and ended, or is silent for
@@ -79,18 +89,3 @@ class PsTask:
             probes.fail_if_late('worker', workers,
                                 set(np.flatnonzero(np.isnan(heard))),
                                 deadline, startup_timeout)
-
-
-def _wait_for_farewells(sess, beats, secs):
-    """Waits until every worker has ended or not beaten for a second, the
-    farewell read, or `secs` are nearly over."""
-    last, moved = sess.run(beats), time.time()
-
-    def read():
-        nonlocal last, moved
-        values = sess.run(beats)
-        if np.any((values != last) & (values >= 0)):
-            last, moved = values, time.time()
-        return (np.all(values < 0)
-                or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS)
-    poll(read, secs - 1, 0.1)

@@ -1,11 +1,6 @@
-"""The session a worker trains in, and how it outlives a lost ps task.
-
-A worker opens it once the ps tasks answer (session_start.py creates each
-session). A worker that loses a ps task calls it again until it answers,
-within its timeout, and trains on in a new session created the same way.
-Its failures, found by any thread, are raised in the main thread
-(stall_watch.py).
-"""
+"""The session a worker trains in, and how it outlives a lost ps task: it
+waits for the ps to answer again, within its timeout, and trains on in a
+new session (session_start.py creates each)."""
 
 import threading
 
@@ -19,28 +14,28 @@ from ps_cluster.exits import TaskFailed
 class RecoverableSession:
     """The session a worker trains in, as TensorFlow's _RecoverableSession
     keeps one: `creator` (a SessionCreator) creates it at open() and again
-    after a ps task was lost and came back, and each hook's
-    after_create_session(session, coord) starts what the new session needs
-    (the chief's checkpoint loop, sync's updates).
+    after a lost ps task came back, and each hook's after_create_session()
+    starts what the new session needs (the chief's checkpoint loop, sync's
+    updates).
 
     Only the main thread runs in it. When a run, or a thread of the
     Supervisor's, loses a ps task, run() waits up to ps_timeout for every
-    ps task to answer at its address again, stops the Supervisor's threads,
-    and creates a new session; then the failed run is run again.
-
-    A failure that any thread stores in `stall`, the StallWatch, is raised
-    by the next run, or by the run that closing the session cancels; the
-    chief (`logdir`, a Logdir) saves a last checkpoint as it closes.
+    ps task to answer again, stops the Supervisor's threads, creates a new
+    session, and runs the failed run again. A failure that any thread
+    stores in the creator's StallWatch is raised by the next run, or by the
+    one that closing the session cancels. The chief (`logdir`, a Logdir)
+    saves a last checkpoint as it closes.
     """
 
     # How long the Supervisor's threads may take to stop, before the worker
     # goes on without them.
     STOP_SECS = 10
 
-    def __init__(self, creator, hooks, place, ps_timeout, stall, logdir=None):
+    def __init__(self, creator, hooks, ps_timeout, logdir=None):
         self.creator, self.hooks, self.sv = creator, hooks, creator.sv
-        self.cluster, self.index = place.cluster, place.index
-        self.ps_timeout, self.stall, self.logdir = ps_timeout, stall, logdir
+        self.stall, self.place = creator.stall, creator.place
+        self.cluster, self.index = self.place.cluster, self.place.index
+        self.ps_timeout, self.logdir = ps_timeout, logdir
         self.watchdog = None
         # The main thread swaps the session; the stall watch closes it.
         self._lock = threading.Lock()
@@ -50,10 +45,12 @@ class RecoverableSession:
         """Creates the first session, within the creator's timeout, and
         starts the stall watch; returns self."""
         self.stall.start()
-        lost = errors.failing_if_cluster_lost(self.cluster,
-                                              ('worker', self.index))
-        with lost, self._failing_if_ps_away(self.creator.timeout):
-            self._create_session()
+        try:
+            with self.stall.waiting_in('opening a session', True,
+                                       self._lost_ps, self.creator.timeout):
+                self._create_session()
+        except errors.LOST as e:
+            raise TaskFailed(self._lost(e, ()))
         self.stall.watch(self._silent_ps,
                          lambda: self.watchdog.silent_workers(),
                          self._close_session)
@@ -145,9 +142,9 @@ class RecoverableSession:
                     raise
                 error = e
                 return False
-        with self._failing_if_ps_away(self.ps_timeout, error), \
-                self.stall.waiting_in('the wait for a lost ps',
-                                      watch_ps=False):
+        with self.stall.waiting_in('the wait for a lost ps', False,
+                                   lambda: self._lost_ps(error),
+                                   self.ps_timeout):
             if not poll(recovered, self.ps_timeout, 0.5):
                 raise TaskFailed(self._lost(error, self._missing_ps()))
 
@@ -157,18 +154,15 @@ class RecoverableSession:
                 if not probes.answers(address)}
 
     def _silent_ps(self):
-        return ['/job:ps/task:%d (%s)' % (i, self.cluster.task_address(
-            'ps', i)) for i in sorted(self._missing_ps())]
+        return [self.place.task('ps', i) for i in sorted(self._missing_ps())]
 
-    def _failing_if_ps_away(self, secs, error=None):
-        """Until the block is done, a ps task that does not answer, every
-        `secs`, is a failure naming it: opening a session waits in
-        TensorFlow, with no timeout, for a ps that went away after a probe
-        found it listening."""
-        def lost_ps():
-            missing = self._missing_ps()
-            return missing and self._lost(error, missing)
-        return self.stall.checking(secs, lost_ps)
+    def _lost_ps(self, error=None):
+        """The stall watch's check while the main thread opens a session,
+        which waits in TensorFlow with no timeout for a ps that went away
+        after a probe found it listening: a ps that does not answer is
+        lost."""
+        missing = self._missing_ps()
+        return missing and self._lost(error, missing)
 
     def _lost(self, error, missing):
         return errors.lost_connection(self.cluster, error,
@@ -197,7 +191,6 @@ class RecoverableSession:
         """Stops the Supervisor's threads, the Watchdog among them, with the
         error, and closes the session they ran in."""
         self.sv.coord.request_stop(error)
-        self.watchdog.join(self.STOP_SECS)
         # Closing cancels what they wait for; it may wait on a lost ps.
         try:
             call_within(self.STOP_SECS, self._close_session)

@@ -10,12 +10,10 @@ from ps_cluster.exits import TaskFailed
 
 
 class SessionCreator(tf.train.SessionCreator):
-    """The Supervisor's session, as TensorFlow's session creators make one
-    for a _RecoverableSession: create_session() is called at start-up and
-    again after a lost ps came back. Each waits for the ps tasks, up to
-    `timeout`, then starts a Watchdog (`watchdog`: a thread of the
-    Supervisor's, with the session's failures going to `stall`), so that
-    the ps tasks know this worker from before it waits for the model."""
+    """The Supervisor's session, once the ps tasks are up (within
+    `timeout`), and a Watchdog (`watchdog`, its failures going to `stall`)
+    beating for this worker from before it waits for the model; created at
+    start-up, and again after a lost ps came back."""
 
     def __init__(self, sv, server, config, place, logdir, timeout, stall,
                  tokens=None):
@@ -28,13 +26,15 @@ class SessionCreator(tf.train.SessionCreator):
     def create_session(self):
         cluster = self.place.cluster
         probes.wait_for_tasks(cluster, 'ps', self.timeout)
-        with errors.failing_if_misplaced(cluster):
+        try:
             self.watchdog = liveness.Watchdog(
                 self.sv, self.server, self.config, self.place, self.timeout,
                 self.stall, self.tokens)
             sess = open_session(self.sv, self.server.target, self.config,
                                 cluster, self.logdir, self.timeout,
                                 reopened=self.created > 0)
+        except tf.errors.InvalidArgumentError as e:
+            raise errors.misplaced(cluster, e)
         self.created += 1
         return sess
 
@@ -42,10 +42,9 @@ class SessionCreator(tf.train.SessionCreator):
 def open_session(sv, target, config, cluster, logdir, timeout,
                  reopened=False):
     """The Supervisor's session, within timeout, or TaskFailed saying why
-    not. The chief joins the model
-    if the ps tasks hold it (a ps that never left, while the chief was
-    away): newer than any checkpoint, and what Supervisor would otherwise
-    initialize again under the workers."""
+    not. The chief joins the model if the ps tasks hold it (a ps that never
+    left, while the chief was away): newer than any checkpoint, and what
+    Supervisor would otherwise initialize again under the workers."""
     if sv.is_chief and model_is_live(sv, target, config):
         sess = sv.session_manager.prepare_session(target, config=config)
         sv.start_standard_services(sess)

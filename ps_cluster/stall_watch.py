@@ -1,12 +1,10 @@
 """A worker's failures, found by any thread, stored once and raised in its
 main thread; and the stall watch, the one thread that ends the worker
-itself, when training makes no step or the main thread, stuck in
-TensorFlow, does not raise a failure.
+itself when that thread, stuck in TensorFlow, does not raise one.
 
-The watch's thread runs no TensorFlow itself: a session run, even one with
-a timeout, can block for good on a frozen ps, and so can opening or closing
-a session. What it calls that may (probes, closing the session) runs within
-a deadline.
+The watch runs TensorFlow only within a deadline: a session run, even one
+with a timeout, can block for good on a frozen ps, and so can opening or
+closing a session.
 """
 
 import contextlib
@@ -19,13 +17,12 @@ from ps_cluster.exits import TaskFailed
 
 
 class StallWatch:
-    """This worker's failures, and its watch.
-
-    fail(message), from any thread, stores the first failure; the watch
-    then calls unblock() (closing the training session cancels the run the
-    main thread waits in), and the main thread raises it
-    (raise_if_failed()). Only if the worker still runs GRACE_SECS later
-    does the watch end it itself, with end.fail(message): its last resort.
+    """This worker's failures, and its watch. fail(message), from any
+    thread, stores the first failure; the watch then calls unblock()
+    (closing the training session cancels the run the main thread waits
+    in), and the main thread raises it (raise_if_failed()). Only if the
+    worker still runs GRACE_SECS later does the watch end it itself, with
+    end.fail(message): its last resort.
 
     Once watch() is called, a global step (step()) that has not moved for
     `ps_secs` while a ps task does not answer, or for `secs` whatever the
@@ -46,11 +43,12 @@ class StallWatch:
         # Written by every thread of the worker, read by the watch.
         self._lock = threading.Lock()
         self._step, self._moved = None, time.time()
-        self._where = [('a training run', True)]
-        self._checks = {}
+        # Where the main thread waits: (where, watch_ps, [check, every,
+        # when next] or None), innermost last.
+        self._where = [('a training run', True, None)]
         self._failure = None
         self._wake = threading.Event()
-        self._watching = self._stopped = self._closed = False
+        self._watching = self._closed = False
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name='stall watch')
 
@@ -58,8 +56,8 @@ class StallWatch:
         self._thread.start()
 
     def close(self):
-        """Ends the watch: the main thread raises what is failed from now
-        on."""
+        """Training is over: the watch ends, and the main thread raises
+        what fails from now on."""
         with self._lock:
             self._closed = True
         self._wake.set()
@@ -93,36 +91,19 @@ class StallWatch:
                 self._step, self._moved = value, time.time()
 
     @contextlib.contextmanager
-    def waiting_in(self, where, watch_ps=True):
+    def waiting_in(self, where, watch_ps=True, check=None, every=None):
         """Says where the main thread waits, until the block is done;
-        without watch_ps, a lost ps is the wait's own to time out."""
+        without watch_ps, a lost ps is the wait's own to time out. With
+        `check`, it is called (it may run TensorFlow) every `every` seconds
+        meanwhile: a message it returns is a failure."""
         with self._lock:
-            self._where.append((where, watch_ps))
+            self._where.append((where, watch_ps, check and [
+                check, every, time.time() + every]))
         try:
             yield
         finally:
             with self._lock:
                 self._where.pop()
-
-    @contextlib.contextmanager
-    def checking(self, every, check):
-        """Until the block is done, every `every` seconds, check() (which
-        may run TensorFlow) is called: a message it returns is a
-        failure."""
-        key = object()
-        with self._lock:
-            self._checks[key] = [check, every, time.time() + every]
-        try:
-            yield
-        finally:
-            with self._lock:
-                del self._checks[key]
-
-    def stop(self):
-        """Training is over: steps stand still from now on. A failure
-        stored still ends the worker."""
-        with self._lock:
-            self._stopped = True
 
     def _watch(self):
         probed = 0
@@ -131,62 +112,58 @@ class StallWatch:
             self._wake.clear()
             with self._lock:
                 failure, closed = self._failure, self._closed
-                watching = self._watching and not self._stopped
+                watching = self._watching and not closed
                 idle = time.time() - self._moved
-                where, watch_ps = self._where[-1]
-                due = [entry for entry in self._checks.values()
-                       if time.time() >= entry[2]]
-                for entry in due:
-                    entry[2] = time.time() + entry[1]
+                where, watch_ps, check = self._where[-1]
+                due = check and time.time() >= check[2]
+                if due:
+                    check[2] = time.time() + check[1]
             if failure:
                 self._last_resort(failure)
                 return
             if closed:
                 return
-            for check, _, _ in due:
-                message = self._call(check, None)
-                if message:
-                    self.fail(message)
-            if not watching:
-                continue
-            if idle > self.secs or (
+            message = due and self._call(check[0], None)
+            if message:
+                self.fail(message)
+            elif watching and (idle > self.secs or (
                     watch_ps and idle > self.ps_secs
-                    and time.time() - probed > self.PROBE_SECS):
+                    and time.time() - probed > self.PROBE_SECS)):
                 probed = time.time()
+                secs = self.secs if idle > self.secs else self.ps_secs
                 missing = self._call(self.silent_ps, [])
                 if missing:
-                    self._stalled(
-                        self.secs if idle > self.secs else self.ps_secs,
-                        where, ', '.join(task + ' does not answer'
-                                         for task in missing))
+                    why = ', '.join(task + ' does not answer'
+                                    for task in missing)
                 elif idle > self.secs:
-                    self._stalled(self.secs, where, 'missing: ' + (', '.join(
+                    why = 'missing: ' + (', '.join(
                         self._call(self.silent_workers, ['unknown']))
-                        or 'none'))
+                        or 'none')
+                else:
+                    continue
+                with self._lock:
+                    closed = self._closed
+                if not closed:
+                    self.fail('training stalled: no new global step for %g '
+                              's, waiting in %s; %s' % (secs, where, why))
 
     def _last_resort(self, failure):
         """Unblocks the main thread, which raises the failure and ends the
         worker; or, if it has not within GRACE_SECS, ends it."""
+        deadline = time.time() + self.GRACE_SECS
         if self.unblock:
-            self._call(self.unblock, None)
-        time.sleep(self.GRACE_SECS)
+            self._call(self.unblock, None, self.GRACE_SECS)
+        time.sleep(max(0, deadline - time.time()))
         self.end.fail(failure)  # it ends the worker
 
-    def _call(self, function, otherwise):
-        """function(), or otherwise if it takes more than CALL_SECS (it may
-        meet a frozen ps too) or fails."""
+    def _call(self, function, otherwise, secs=None):
+        """function(), or otherwise if it takes more than secs (CALL_SECS:
+        it may meet a frozen ps too) or fails."""
         try:
-            return call_within(self.CALL_SECS, function)
+            return call_within(secs or self.CALL_SECS, function)
         except TimeoutError:
             return otherwise
         except Exception as e:  # none expected: said, and the watch goes on
             print('stall watch: %s failed: %s' % (function.__name__, e),
                   file=sys.stderr, flush=True)
             return otherwise
-
-    def _stalled(self, secs, where, why):
-        with self._lock:
-            stopped = self._stopped
-        if not stopped:
-            self.fail('training stalled: no new global step for %g s, '
-                      'waiting in %s; %s' % (secs, where, why))

@@ -85,8 +85,7 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=()):
         creator = SessionCreator(sv, chief,
                                  server.session_config('worker', 0, 1.0),
                                  place, None, startup_timeout, stall)
-        sess = RecoverableSession(creator, list(hooks), place, 10,
-                                  stall).open()
+        sess = RecoverableSession(creator, list(hooks), 10).open()
     return sess, train_op
 
 

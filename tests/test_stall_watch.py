@@ -76,21 +76,12 @@ def test_a_failure_is_raised_in_the_main_thread_once_it_is_unblocked(die):
     assert die.first() == 'the data ran out'
 
 
-def test_a_check_that_returns_a_message_is_a_failure(die):
+def test_a_check_while_waiting_that_returns_a_message_is_a_failure(die):
     watch = started(60, 60, die)
     answers = iter([None, 'lost the connection to ' + PS])
-    with watch.checking(0.05, lambda: next(answers)):
+    with watch.waiting_in('opening a session', True, lambda: next(answers),
+                          0.05):
         assert die.first() == 'lost the connection to ' + PS
-
-
-def test_close_ends_the_watch_and_leaves_failures_to_the_main_thread(die):
-    watch = started(0.05, 0.05, die)
-    watch.watch(lambda: [PS], lambda: [], None)
-    watch.close()
-    watch.fail('over')
-    with pytest.raises(TaskFailed):
-        watch.raise_if_failed()
-    assert die.said.empty()
 
 
 def test_before_watch_a_standing_step_ends_nothing(die):
@@ -161,17 +152,20 @@ def test_a_step_read_again_has_not_moved(die):
         'training run; missing: ' + WORKER)
 
 
-def test_after_stop_a_stall_ends_nothing_and_a_failure_still_does(die):
+def test_after_close_a_stall_ends_nothing_and_a_failure_is_raised(die):
     watch = started(0.05, 0.05, die)
     watch.watch(lambda: [PS], lambda: [WORKER], None)
-    watch.stop()
+    watch.close()
     time.sleep(0.3)  # many polls, past secs
     watch.fail('the chief ended: "interrupted"')
-    assert die.first() == 'the chief ended: "interrupted"'
+    # The main thread's, now: the watch ends nothing.
+    with pytest.raises(TaskFailed, match='the chief ended'):
+        watch.raise_if_failed()
+    assert die.said.empty()
 
 
-def test_stop_while_a_ps_is_called_ends_nothing(die, monkeypatch):
-    # The call answers, late: it names the ps after stop().
+def test_close_while_a_ps_is_called_ends_nothing(die, monkeypatch):
+    # The call answers, late: it names the ps after close().
     monkeypatch.setattr(StallWatch, 'CALL_SECS', 60)
     called, answer = threading.Event(), threading.Event()
 
@@ -182,10 +176,15 @@ def test_stop_while_a_ps_is_called_ends_nothing(die, monkeypatch):
     watch = started(60, 0.05, die)
     watch.watch(silent_ps, lambda: [], None)
     assert called.wait(5)
-    watch.stop()
+    closing = threading.Thread(target=watch.close)
+    closing.start()
+    while not watch._closed:  # close() said, before the answer comes
+        time.sleep(0.01)
     answer.set()
-    watch.fail('over')
-    assert die.first() == 'over'
+    closing.join(5)
+    assert not closing.is_alive()
+    watch.raise_if_failed()  # nothing stored
+    assert die.said.empty()
 
 
 def test_calls_that_block_past_call_secs_are_given_up_on(die):
