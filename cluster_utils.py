@@ -192,11 +192,8 @@ class Task:
     """This task of the cluster: its place (job_name, index, is_chief),
     every task's host:port by job (`cluster`, for tf.train.ClusterSpec),
     the `config` of its server and sessions, the chief's `logdir`, how it
-    ends (`end`); its methods are the scripts' calls.
-
-    The cluster comes from the first of --ps and --worker, TF_CONFIG,
-    Slurm's variables inside a step of srun, the defaults of --ps and
-    --worker: one line says which. A second says the size of its thread
+    ends (`end`); its methods are the scripts' calls. One line says where
+    the cluster came from (see --ps), a second the size of its thread
     pools: --pool_threads, or its share of the host's CPUs (TensorFlow's
     own take every CPU in every task, as if each had the host alone).
     """
@@ -294,9 +291,8 @@ class Task:
 
     def sync_tokens(self, optimizer, chief_queue_runner, init_token_op,
                     global_step, last_step):
-        """What a SyncReplicasOptimizer's chief does with its queue runner
-        and tokens in each new session, and what the workers do with the
-        tokens when a worker or a ps is lost."""
+        """SyncTokens: the chief's queue runner and tokens in each new
+        session, and the workers' tokens when a task is lost."""
         return SyncTokens(optimizer, chief_queue_runner, init_token_op,
                           self.is_chief, global_step, last_step,
                           len(self.cluster['worker']))

@@ -55,9 +55,8 @@ def counters(num_workers, ps_tasks):
 
 def say_left(cluster, task_index, reason, secs=0):
     """Marks worker task_index LEFT, with its reason, on each ps task that
-    answers, trying again for secs those that are not up yet, in sessions
-    of its own: a worker that fails before it has a server, or a Watchdog,
-    tells the others why all the same."""
+    answers, trying again for secs those not up yet, in sessions of its
+    own: from a worker that has no server or Watchdog yet too."""
     untold = list(enumerate(cluster.job_tasks('ps')))
 
     def tell_those_up():

@@ -16,7 +16,8 @@ class RecoverableSession:
     keeps one: `creator` (a SessionCreator) creates it at open() and again
     after a lost ps task came back, and each hook's after_create_session()
     starts what the new session needs (the chief's checkpoint loop, sync's
-    updates).
+    updates): in the first session, once its first run has returned, in
+    which the script reads where it starts, before any update moves it.
 
     Only the main thread runs in it. When a run, or a thread of the
     Supervisor's, loses a ps task, run() waits up to ps_timeout for every
@@ -36,7 +37,7 @@ class RecoverableSession:
         self.stall, self.place = creator.stall, creator.place
         self.cluster, self.index = self.place.cluster, self.place.index
         self.ps_timeout, self.logdir = ps_timeout, logdir
-        self.watchdog = None
+        self.watchdog, self._hooks_due = None, False
         # The main thread swaps the session; the stall watch closes it.
         self._lock = threading.Lock()
         self.session = None
@@ -63,7 +64,10 @@ class RecoverableSession:
                 error = self._thread_error()
                 if errors.is_lost(error):
                     raise error
-                return self.session.run(fetches, feed_dict)
+                values = self.session.run(fetches, feed_dict)
+                if self._hooks_due:
+                    self._after_create_session()
+                return values
             except tf.errors.OpError as e:
                 self.stall.raise_if_failed()
                 if not errors.is_lost(e):
@@ -183,9 +187,15 @@ class RecoverableSession:
             print('worker=%d: resuming at global_step=%d'
                   % (self.index, session.run(self.sv.global_step)),
                   flush=True)
-        for hook in self.hooks:
-            hook.after_create_session(session, self.sv.coord)
         self.watchdog.watch_training(session)
+        self._hooks_due = True
+        if reopened:  # the failed run, run again, may need them
+            self._after_create_session()
+
+    def _after_create_session(self):
+        self._hooks_due = False
+        for hook in self.hooks:
+            hook.after_create_session(self.session, self.sv.coord)
 
     def _stop_threads(self, error):
         """Stops the Supervisor's threads, the Watchdog among them, with the

@@ -1,7 +1,6 @@
-"""How a worker's training session is created: once the ps tasks are up,
-with a Watchdog beating for it, the chief joins the model live on the ps
-tasks, restores it from the last checkpoint in --logdir, or initializes
-it, and says which; the others wait for it."""
+"""How a worker's training session is created: the chief joins the model
+live on the ps tasks, restores it from the last checkpoint in --logdir, or
+initializes it, and says which; the others wait for it."""
 
 import tensorflow.compat.v1 as tf
 

@@ -109,10 +109,15 @@ class Hook(tf.train.SessionRunHook):
         self.created.append((session, coord))
 
 
-def test_each_hook_is_called_in_the_session_created(ps):
+def test_the_hooks_are_called_once_the_first_run_has_read_the_start(ps):
     hook = Hook()
     sess, _ = recoverable_session(ps.place.cluster, [], hooks=[hook])
+    # Not before: the sync chief's updates would move the step it reads.
+    assert hook.created == []
+    assert sess.run(sess.sv.global_step) == 0
     assert hook.created == [(sess.session, sess.sv.coord)]
+    sess.run(sess.sv.global_step)
+    assert len(hook.created) == 1
     sess.close()
 
 
