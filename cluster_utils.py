@@ -156,8 +156,10 @@ def start_task(sync):
     why after Ctrl-C; a failure of ours (TaskFailed) and a port in use, as
     the main thread raises them. A thread that fails says why in one line,
     and the task goes on."""
-    task = Task(sync)
-    task.end.on_signals()
+    end = exits.TaskEnd(lambda: '/job:%s/task:%d' % (FLAGS.job_name,
+                                                    FLAGS.task_index))
+    end.on_signals()
+    task = Task(sync, end)
 
     def one_line(kind, error, traceback):
         if issubclass(kind, TaskFailed):
@@ -184,7 +186,8 @@ def start_task(sync):
         # A worker that ends on purpose, from its start-up checks on, tells
         # the ps tasks why: the others quote it instead of waiting for it.
         # At start, a ps started beside it may not be up yet.
-        task.end.before_leaving(task.telling(task.end.LAST_WORDS_SECS - 1))
+        task.end.before_leaving(
+            lambda why: task.tell(why, task.end.LAST_WORDS_SECS - 1))
     return task
 
 
@@ -198,13 +201,13 @@ class Task:
     own take every CPU in every task, as if each had the host alone).
     """
 
-    def __init__(self, sync):
-        self.sync = sync
+    def __init__(self, sync, end):
+        self.sync, self.end = sync, end
         spec, self.job_name, self.index, source = _cluster()
         self.place = sources.Place(spec, self.job_name, self.index)
         self.name, self.is_chief = self.place.name, self.place.is_chief
         self.cluster = spec.as_dict()
-        self.end = exits.TaskEnd(lambda: self.name)
+        end.name = lambda: self.name
         self.address = (None if self.job_name == 'evaluator' else
                         spec.task_address(self.job_name, self.index))
         here = ('this task: %s' % self.address if self.address
@@ -231,15 +234,13 @@ class Task:
                               FLAGS.save_checkpoint_secs)
                        if self.is_chief and FLAGS.logdir else None)
 
-    def telling(self, secs=0):
-        """How this worker tells why it ends on purpose: on the ps tasks
-        (secs: how long to try those not up yet), and the chief in its
-        --logdir too, for an evaluator."""
-        def tell(reason):
-            if self.logdir:
-                self.logdir.say_left(reason)
-            liveness.say_left(self.place.cluster, self.index, reason, secs)
-        return tell
+    def tell(self, reason, secs=0):
+        """Says why this worker ends on purpose: on the ps tasks (secs: how
+        long to try those not up yet), and the chief in its --logdir too,
+        for an evaluator."""
+        if self.logdir:
+            self.logdir.say_left(reason)
+        liveness.say_left(self.place.cluster, self.index, reason, secs)
 
     def serve(self, ps_server):
         """server.join() for a ps task, but it ends: once every worker has
@@ -299,10 +300,8 @@ class Task:
 
     def training_session(self, sv, worker_server, tokens=None):
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
-        are up, in a session that waits for a lost ps to come back and
-        trains on; the chief restores the last checkpoint in --logdir, or
-        joins the model live on the ps. sync's `tokens` start the chief's
-        updates in each new session."""
+        are up, in a session that outlives a lost ps (docs/design.md); sync's
+        `tokens` start the chief's updates in each new session."""
         # The one thread that may end this worker while its main thread
         # waits in TensorFlow.
         stall = StallWatch(FLAGS.stall_timeout, FLAGS.ps_timeout, self.end)
@@ -315,7 +314,7 @@ class Task:
         sess = RecoverableSession(creator, hooks, FLAGS.ps_timeout,
                                   self.logdir).open()
         # From now on a ps that does not answer is lost, not late: one try.
-        self.end.before_leaving(self.telling())
+        self.end.before_leaving(self.tell)
         return sess
 
     def training_log(self, sv, sess, global_step, mnist, accuracy_op, x_p,
@@ -401,8 +400,7 @@ class Task:
                   flush=True)
 
     def leave(self):
-        """Ends this task at once, status 0: TensorFlow cannot stop its
-        server."""
+        """Ends this task, status 0: TensorFlow cannot stop its server."""
         self.end.leave()
 
 

@@ -18,8 +18,8 @@ Start one process per task, for example on one machine:
 A comment that starts with PS: says why the block below it, up to the next
 blank line, makes the program distributed; ASYNC: or SYNC:, why it differs
 from mnist_dist_async.py. Elsewhere the two differ only in what sync passes
-to the Supervisor and to its session. docs/book.md quotes the book's
-lines beside the ones that stand for them.
+to start_task(), to the Supervisor and to its session. docs/book.md quotes
+the book's lines beside the ones that stand for them.
 """
 
 # SYNC: the workers train until the last global step, not for epochs.

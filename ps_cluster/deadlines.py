@@ -26,10 +26,10 @@ def call_within(secs, function, *args):
 
 def poll(check, secs, every):
     """check()'s first true value, calling it every `every` seconds; its
-    last, false, once `secs` have passed (None: never)."""
-    deadline = None if secs is None else time.time() + secs
+    last, false, once `secs` have passed."""
+    deadline = time.time() + secs
     while True:
         value = check()
-        if value or (deadline is not None and time.time() > deadline):
+        if value or time.time() > deadline:
             return value
         time.sleep(every)

@@ -38,13 +38,16 @@ class TaskEnd:
     def __init__(self, name):
         self.name = name
         self._ending = threading.Lock()
+        # Set by the main thread, called by the one that ends the task.
+        self._telling = threading.Lock()
         self._tell = None
 
     def before_leaving(self, tell):
         """tell(reason) will be called when this task ends on purpose (an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
         a task it will start again), instead of the tell given before."""
-        self._tell = tell
+        with self._telling:
+            self._tell = tell
 
     def fail(self, message, status=1):
         """Ends this task with a one-line error and status 1 (2: a usage
@@ -62,13 +65,10 @@ class TaskEnd:
 
     def on_signals(self):
         """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line
-        and status 130 or 143, wherever it is, inside sess.run too. Ctrl-C
-        ends it on purpose, and the cluster is told; SIGTERM is what a
-        scheduler sends to a task it may start again, and the cluster waits
-        for it.
-
-        Python runs its handlers in the main thread only, between bytecodes:
-        never while that thread waits in TensorFlow's C++. A thread of ours
+        and status 130 or 143, inside sess.run too; after Ctrl-C the cluster
+        is told why, after SIGTERM (a scheduler's, which may start the task
+        again) it waits for it. Python runs handlers in the main thread
+        only, never while it waits in TensorFlow's C++: a thread of ours
         reads the signal number that Python's C handler writes to the wakeup
         pipe; it ends the process, and nothing joins it.
         """
@@ -105,10 +105,12 @@ class TaskEnd:
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:
         a frozen ps can block a run of TensorFlow's past its timeout."""
-        if self._tell is None:
+        with self._telling:
+            tell = self._tell
+        if tell is None:
             return
         try:
-            call_within(self.LAST_WORDS_SECS, self._tell, reason)
+            call_within(self.LAST_WORDS_SECS, tell, reason)
         except TimeoutError:
             pass
         except Exception as e:  # none expected: it tells what answers

@@ -109,18 +109,14 @@ def _left_before_the_model(beats, global_step):
 
 class Watchdog(tf.train.LooperThread):
     """A thread of the Supervisor's that beats for this worker, and reads
-    through the ps tasks what the other tasks do; its failures go to
-    `stall`, the StallWatch, for the main thread to raise.
-
-    Failures: a chief that went away while this worker waits for the model;
-    a ps that ended on purpose, quoted. While it trains (watch_training), a
-    worker that went away is named once if sync's `tokens` say it is gone,
-    not done, and each global step read goes to the stall watch. A beat
-    that finds a ps lost stops the Supervisor's threads with the error, for
-    the main thread to recover; a sync worker's Watchdog then puts in
+    through the ps tasks what the other tasks do. To `stall`, the
+    StallWatch: a chief gone while this worker waits for the model, and a
+    ps that ended on purpose, as failures; the global step, once it trains
+    (watch_training). A worker gone is named once if sync's `tokens` say it
+    is not done. A lost ps stops the Supervisor's threads with the error,
+    for the main thread to recover; a sync worker's Watchdog then puts in
     tokens until it does: the main thread may wait, on a ps that stayed,
-    for a token that the stopped updates were to give. Once paused, it only
-    beats.
+    for one the stopped updates were to give. Paused, it only beats.
     """
 
     POLL_SECS = 0.5

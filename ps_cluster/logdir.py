@@ -139,8 +139,9 @@ class Logdir:
                                  global_step=sv.global_step)
         except (tf.errors.OpError, ValueError) as e:
             # ValueError: the logdir is no folder any more; a lost ps the
-            # main thread waits for.
-            if not errors.is_lost(e):
+            # main thread waits for; a session closed on a failure.
+            if not (errors.is_lost(e) or isinstance(
+                    e, tf.errors.CancelledError)):
                 self.failed('save a checkpoint', e)
             return None
         return checkpoint_step(path)

@@ -13,19 +13,16 @@ from ps_cluster.exits import TaskFailed
 
 class RecoverableSession:
     """The session a worker trains in, as TensorFlow's _RecoverableSession
-    keeps one: `creator` (a SessionCreator) creates it at open() and again
-    after a lost ps task came back, and each hook's after_create_session()
-    starts what the new session needs (the chief's checkpoint loop, sync's
-    updates): in the first session, once its first run has returned, in
-    which the script reads where it starts, before any update moves it.
-
-    Only the main thread runs in it. When a run, or a thread of the
-    Supervisor's, loses a ps task, run() waits up to ps_timeout for every
-    ps task to answer again, stops the Supervisor's threads, creates a new
-    session, and runs the failed run again. A failure that any thread
-    stores in the creator's StallWatch is raised by the next run, or by the
-    one that closing the session cancels. The chief (`logdir`, a Logdir)
-    saves a last checkpoint as it closes.
+    keeps one: `creator` (a SessionCreator) creates it at open() and after
+    a lost ps came back, and each hook's after_create_session() starts what
+    a new session needs (the chief's checkpoint loop, sync's updates); in
+    the first, once its first run, which reads where training starts, has
+    returned. Only the main thread runs in it; a lost ps, found by a run or
+    a thread of the Supervisor's, is waited for up to ps_timeout, and the
+    failed run run again in a new session. A failure that any thread stores
+    in the creator's StallWatch is raised by the next run, or by the one
+    that closing the session cancels. The chief (`logdir`, a Logdir) saves
+    a last checkpoint as it closes.
     """
 
     # How long the Supervisor's threads may take to stop, before the worker
@@ -35,7 +32,7 @@ class RecoverableSession:
     def __init__(self, creator, hooks, ps_timeout, logdir=None):
         self.creator, self.hooks, self.sv = creator, hooks, creator.sv
         self.stall, self.place = creator.stall, creator.place
-        self.cluster, self.index = self.place.cluster, self.place.index
+        self.cluster, self.index = creator.place.cluster, creator.place.index
         self.ps_timeout, self.logdir = ps_timeout, logdir
         self.watchdog, self._hooks_due = None, False
         # The main thread swaps the session; the stall watch closes it.
@@ -52,22 +49,25 @@ class RecoverableSession:
                 self._create_session()
         except errors.LOST as e:
             raise TaskFailed(self._lost(e, ()))
-        self.stall.watch(self._silent_ps,
-                         lambda: self.watchdog.silent_workers(),
+        self.stall.watch(self._silent_ps, self._silent_workers,
                          self._close_session)
         return self
 
     def run(self, fetches, feed_dict=None):
+        values = self._recovering(lambda: self.session.run(fetches, feed_dict))
+        if self._hooks_due:
+            self._recovering(self._after_create_session)
+        return values
+
+    def _recovering(self, call):
+        """call()'s value, run again in a new session after a lost ps."""
         while True:
             try:
                 self.stall.raise_if_failed()
                 error = self._thread_error()
                 if errors.is_lost(error):
                     raise error
-                values = self.session.run(fetches, feed_dict)
-                if self._hooks_due:
-                    self._after_create_session()
-                return values
+                return call()
             except tf.errors.OpError as e:
                 self.stall.raise_if_failed()
                 if not errors.is_lost(e):
@@ -86,16 +86,13 @@ class RecoverableSession:
     def close(self):
         """Ends this worker's session, the Supervisor's threads and the
         stall watch, and marks this worker done; raises a failure stored.
-
-        The threads are told to stop first; closing the session then
-        cancels what they are blocked in, such as the sync chief's wait for
-        gradients that no worker will send any more; only then can they be
-        joined. Done only once the session is closed: closing still needs
-        the ps tasks, which may leave once every worker is done.
+        Closing the session cancels what the threads, told to stop, wait in
+        (the sync chief's wait for gradients that will not come); done only
+        then: closing needs the ps tasks, which leave once all are done.
         """
         with self.stall.waiting_in('the end of the session'):
             if self.logdir:  # the chief: a last checkpoint, of the last step
-                self.wait_for_the_others()
+                self.watchdog.wait_for_the_others()
                 step = self.logdir.save_checkpoint(self.sv, self.session)
                 if step is not None:
                     self.logdir.say_done(step)
@@ -108,10 +105,10 @@ class RecoverableSession:
             self.sv.stop(close_summary_writer=False)
             if self.sv.summary_writer:
                 self.logdir.close_summaries(self.sv.summary_writer)
-            if not failed:
-                self.watchdog.mark_done()
         self.stall.close()
         self.stall.raise_if_failed()
+        if not failed:
+            self.watchdog.mark_done()
 
     def _thread_error(self):
         """The error a thread of the Supervisor's stopped on, if any."""
@@ -146,8 +143,9 @@ class RecoverableSession:
                     raise
                 error = e
                 return False
+        first = error  # the check's, in the watch's thread
         with self.stall.waiting_in('the wait for a lost ps', False,
-                                   lambda: self._lost_ps(error),
+                                   lambda: self._lost_ps(first),
                                    self.ps_timeout):
             if not poll(recovered, self.ps_timeout, 0.5):
                 raise TaskFailed(self._lost(error, self._missing_ps()))
@@ -161,10 +159,8 @@ class RecoverableSession:
         return [self.place.task('ps', i) for i in sorted(self._missing_ps())]
 
     def _lost_ps(self, error=None):
-        """The stall watch's check while the main thread opens a session,
-        which waits in TensorFlow with no timeout for a ps that went away
-        after a probe found it listening: a ps that does not answer is
-        lost."""
+        """The stall watch's check while a session opens (it waits with no
+        timeout for a ps gone): a ps that does not answer is lost."""
         missing = self._missing_ps()
         return missing and self._lost(error, missing)
 
@@ -172,30 +168,36 @@ class RecoverableSession:
         return errors.lost_connection(self.cluster, error,
                                       ('worker', self.index), missing)
 
+    def _silent_workers(self):
+        with self._lock:
+            watchdog = self.watchdog
+        return watchdog.silent_workers()
+
     def _close_session(self):
         with self._lock:
             session = self.session
-        if session is not None:
+        try:
             session.close()
+        except (tf.errors.OpError, RuntimeError):
+            pass
 
     def _create_session(self, reopened=False):
         session = self.creator.create_session()
         with self._lock:
-            self.session = session
-        self.watchdog = self.creator.watchdog
-        if reopened:
+            self.session, self.watchdog = session, self.creator.watchdog
+        self.watchdog.watch_training(session)
+        self._hooks_due = True
+        if reopened:  # the failed run, run again, may need the hooks
             print('worker=%d: resuming at global_step=%d'
                   % (self.index, session.run(self.sv.global_step)),
                   flush=True)
-        self.watchdog.watch_training(session)
-        self._hooks_due = True
-        if reopened:  # the failed run, run again, may need them
             self._after_create_session()
 
     def _after_create_session(self):
-        self._hooks_due = False
-        for hook in self.hooks:
-            hook.after_create_session(self.session, self.sv.coord)
+        if self._hooks_due:
+            self._hooks_due = False
+            for hook in self.hooks:
+                hook.after_create_session(self.session, self.sv.coord)
 
     def _stop_threads(self, error):
         """Stops the Supervisor's threads, the Watchdog among them, with the
@@ -204,7 +206,7 @@ class RecoverableSession:
         # Closing cancels what they wait for; it may wait on a lost ps.
         try:
             call_within(self.STOP_SECS, self._close_session)
-        except (TimeoutError, tf.errors.OpError):
+        except TimeoutError:
             pass
         try:
             self.sv.coord.join(stop_grace_period_secs=self.STOP_SECS,

@@ -24,7 +24,8 @@ class SessionCreator(tf.train.SessionCreator):
 
     def create_session(self):
         cluster = self.place.cluster
-        probes.wait_for_tasks(cluster, 'ps', self.timeout)
+        if not self.created:  # later, a lost ps answered already
+            probes.wait_for_tasks(cluster, 'ps', self.timeout)
         try:
             self.watchdog = liveness.Watchdog(
                 self.sv, self.server, self.config, self.place, self.timeout,

@@ -22,13 +22,10 @@ class StallWatch:
     (closing the training session cancels the run the main thread waits
     in), and the main thread raises it (raise_if_failed()). Only if the
     worker still runs GRACE_SECS later does the watch end it itself, with
-    end.fail(message): its last resort.
-
-    Once watch() is called, a global step (step()) that has not moved for
-    `ps_secs` while a ps task does not answer, or for `secs` whatever the
-    cause, is a failure too. silent_ps() names the ps tasks that do not
-    answer, silent_workers() the workers that do not beat; each may run
-    TensorFlow, and is given CALL_SECS at most.
+    end.fail(message): its last resort. Once watch() is called, a global
+    step (step()) that has not moved for `ps_secs` while a ps task does not
+    answer (silent_ps()), or for `secs` whatever the cause, is a failure
+    too, naming the workers that do not beat (silent_workers()).
     """
 
     POLL_SECS = 1
@@ -57,7 +54,8 @@ class StallWatch:
 
     def close(self):
         """Training is over: the watch ends, and the main thread raises
-        what fails from now on."""
+        what fails from now on (a failure stored before may still end the
+        worker here, GRACE_SECS later)."""
         with self._lock:
             self._closed = True
         self._wake.set()
@@ -118,12 +116,14 @@ class StallWatch:
                 due = check and time.time() >= check[2]
                 if due:
                     check[2] = time.time() + check[1]
+                silent_ps, silent_workers = self.silent_ps, self.silent_workers
+            if closed:  # what fails from now on, the main thread raises
+                return
             if failure:
                 self._last_resort(failure)
                 return
-            if closed:
-                return
-            message = due and self._call(check[0], None)
+            # A check probes each ps in turn: it may take its interval.
+            message = due and self._call(check[0], None, check[1])
             if message:
                 self.fail(message)
             elif watching and (idle > self.secs or (
@@ -131,13 +131,13 @@ class StallWatch:
                     and time.time() - probed > self.PROBE_SECS)):
                 probed = time.time()
                 secs = self.secs if idle > self.secs else self.ps_secs
-                missing = self._call(self.silent_ps, [])
+                missing = self._call(silent_ps, [])
                 if missing:
                     why = ', '.join(task + ' does not answer'
                                     for task in missing)
                 elif idle > self.secs:
                     why = 'missing: ' + (', '.join(
-                        self._call(self.silent_workers, ['unknown']))
+                        self._call(silent_workers, ['unknown']))
                         or 'none')
                 else:
                     continue
@@ -151,8 +151,10 @@ class StallWatch:
         """Unblocks the main thread, which raises the failure and ends the
         worker; or, if it has not within GRACE_SECS, ends it."""
         deadline = time.time() + self.GRACE_SECS
-        if self.unblock:
-            self._call(self.unblock, None, self.GRACE_SECS)
+        with self._lock:
+            unblock = self.unblock
+        if unblock:
+            self._call(unblock, None, self.GRACE_SECS)
         time.sleep(max(0, deadline - time.time()))
         self.end.fail(failure)  # it ends the worker
 

@@ -7,14 +7,11 @@ import tensorflow.compat.v1 as tf
 
 class SyncTokens(tf.train.SessionRunHook):
     """The token ops of a wrapped optimizer: the book's chief_queue_runner
-    and init_token_op, and those that free a waiting worker.
-
-    A worker waits for a token after each step, and the chief puts in one
-    per worker for each update. last_step is where every worker stops.
-
-    Not the optimizer's own make_session_run_hook(): its QueueRunner closes
-    the token queue whenever it stops, a lost ps too, and then no worker
-    could take a token again.
+    and init_token_op, and those that free a waiting worker. A worker waits
+    for a token after each step; the chief puts in one per worker for each
+    update. last_step is where every worker stops. Not the optimizer's own
+    make_session_run_hook(): its QueueRunner closes the token queue when it
+    stops, a lost ps too, and then no worker could take a token again.
     """
 
     def __init__(self, optimizer, chief_queue_runner, init_token_op,

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 import cluster_utils
+from ps_cluster import exits
 # The async script's own flags, defined as its run defines them.
 import mnist_dist_async  # noqa: F401
 
@@ -22,7 +23,7 @@ def usage_error(args, env, monkeypatch, capsys):
     try:
         with pytest.raises(SystemExit) as exited:
             cluster_utils.parse_flags(sys.argv)
-            cluster_utils.Task(sync=False)
+            cluster_utils.Task(False, exits.TaskEnd(lambda: 'unused'))
     finally:
         cluster_utils.FLAGS.unparse_flags()
     assert exited.value.code == 2
