@@ -302,8 +302,7 @@ class Task:
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
         are up, in a session that outlives a lost ps (docs/design.md); sync's
         `tokens` start the chief's updates in each new session."""
-        # The one thread that may end this worker while its main thread
-        # waits in TensorFlow.
+        # Its threads' failures, and the last resort when it is stuck.
         stall = StallWatch(FLAGS.stall_timeout, FLAGS.ps_timeout, self.end)
         creator = SessionCreator(sv, worker_server, self.config, self.place,
                                  self.logdir and self.logdir.path,
@@ -405,8 +404,8 @@ class Task:
 
 
 def _cluster():
-    """(the cluster's ClusterSpec, this task's job and index, the source
-    they came from), or one line and exit status 2 saying what is wrong."""
+    """(ClusterSpec, this task's job and index, their source), or one line
+    and exit status 2 saying what is wrong."""
     given = FLAGS['ps'].present or FLAGS['worker'].present
     # An sbatch script's own shell has SLURM_PROCID too, but is no step of
     # srun: tasks started there by hand describe the cluster with flags.

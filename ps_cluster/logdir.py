@@ -5,6 +5,7 @@ checkpoints or summaries, with one line, not its run."""
 import os
 import socket
 import sys
+import threading
 
 import tensorflow.compat.v1 as tf
 
@@ -86,6 +87,8 @@ class Logdir:
     def __init__(self, path, task_name, save_checkpoint_secs=None):
         self.path, self.task_name = path, task_name
         self.save_checkpoint_secs = save_checkpoint_secs
+        # The checkpoint loop's saves, and the chief's last.
+        self._saving = threading.Lock()
 
     def check(self):
         """It must be a directory, or be creatable, and take a file; else
@@ -135,8 +138,9 @@ class Logdir:
         """The chief's checkpoint, and its global step; one that fails is
         one line, and training goes on: None."""
         try:
-            path = sv.saver.save(sess, sv.save_path,
-                                 global_step=sv.global_step)
+            with self._saving:
+                path = sv.saver.save(sess, sv.save_path,
+                                     global_step=sv.global_step)
         except (tf.errors.OpError, ValueError) as e:
             # ValueError: the logdir is no folder any more; a lost ps the
             # main thread waits for; a session closed on a failure.

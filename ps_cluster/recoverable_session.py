@@ -25,8 +25,7 @@ class RecoverableSession:
     a last checkpoint as it closes.
     """
 
-    # How long the Supervisor's threads may take to stop, before the worker
-    # goes on without them.
+    # How long the Supervisor's threads may take to stop, then left.
     STOP_SECS = 10
 
     def __init__(self, creator, hooks, ps_timeout, logdir=None):

@@ -85,10 +85,8 @@ def open_session(sv, target, config, cluster, logdir, timeout,
 
 
 def model_is_live(sv, target, config):
-    """Whether the ps tasks hold every shared variable initialized already.
-
-    Supervisor's ready_op names the uninitialized variables, this worker's
-    own local ones among them."""
+    """Whether the ps tasks hold every shared variable initialized already:
+    Supervisor's ready_op names the uninitialized ones, and local ones."""
     with tf.Session(target, config=config) as probe:
         uninitialized = {name.decode() for name in probe.run(sv.ready_op)}
     shared = sv.ready_op.graph.get_collection(tf.GraphKeys.GLOBAL_VARIABLES)
