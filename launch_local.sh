@@ -79,7 +79,7 @@ while getopts 'n:p:b:o:s:eHh-:' opt; do
   esac
 done
 shift $((OPTIND - 1))
-[[ $# -ge 1 && $1 =~ ^(async|sync|compare|straggler)$ ]] || usage
+[[ $# -ge 1 && $1 =~ ^(async|sync|tf2|compare|straggler)$ ]] || usage
 mode=$1
 shift
 [[ $mode == straggler ]] && slow_ms=${slow_ms:-20}

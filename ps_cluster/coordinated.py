@@ -1,0 +1,89 @@
+"""How the servers of a TensorFlow 2 cluster end: each ps and worker holds
+a word that the coordinator sets as it ends, and leaves once it is set, or
+once the coordinator has been silent too long; TensorFlow 2's servers never
+end on their own."""
+
+import time
+
+import tensorflow.compat.v1 as tf
+
+from ps_cluster import probes
+from ps_cluster.deadlines import call_within, poll
+from ps_cluster.exits import TaskFailed
+
+# A word of the coordinator's: it finished its run.
+DONE = 'done'
+
+
+def _word(name):
+    """The word on the task `name`, a string variable in a graph of TF1's
+    own: a session of another process finds it by its name."""
+    with tf.device(name):
+        return tf.Variable('', name='coordinator_word', use_resource=False)
+
+
+class Word:
+    """A ps's or worker's word, read where it lies: on its own server,
+    with no RPC."""
+
+    def __init__(self, server, name):
+        with tf.Graph().as_default():
+            self.word = _word(name)
+            self.sess = tf.Session(server.target, config=tf.ConfigProto(
+                device_filters=[name]))
+            self.sess.run(self.word.initializer)
+
+    def wait(self, coordinator, startup_timeout, silent_timeout):
+        """Until the coordinator at `coordinator` (its name and address)
+        sets the word, which is returned; TaskFailed if it does not come up
+        within startup_timeout, or stops answering for silent_timeout (a
+        restarted coordinator answers again)."""
+        name, address = coordinator
+        heard = None
+        started = time.time()
+        while True:
+            word = self.sess.run(self.word).decode()
+            if word:
+                return word
+            now = time.time()
+            if probes.answers(address, 1.0):
+                heard = now
+            elif heard is None and now - started > startup_timeout:
+                raise TaskFailed('the coordinator, %s (%s), did not come up '
+                                 'within %g s' % (name, address,
+                                                  startup_timeout))
+            elif heard is not None and now - heard > silent_timeout:
+                raise TaskFailed('the coordinator, %s (%s), has not answered '
+                                 'for %g s' % (name, address, silent_timeout))
+            time.sleep(0.5)
+
+
+def tell(tasks, word, secs):
+    """Sets `word` on each of tasks ({name: address}) that answers, in
+    sessions of its own, within secs in all; returns the names of those
+    not told."""
+    untold = dict(tasks)
+
+    def tell_those_up():
+        for name, address in list(untold.items()):
+            # Opening a session waits with no timeout for a task not there.
+            if probes.is_listening(address) and _set(name, address, word):
+                del untold[name]
+        return not untold
+    try:
+        call_within(secs, poll, tell_those_up, secs, 0.2)
+    except TimeoutError:  # a frozen task
+        pass
+    return sorted(untold)
+
+
+def _set(name, address, word):
+    with tf.Graph().as_default() as graph:
+        assign = _word(name).assign(word)
+    try:
+        with tf.Session('grpc://' + address, graph=graph,
+                        config=tf.ConfigProto(device_filters=[name])) as sess:
+            sess.run(assign, options=tf.RunOptions(timeout_in_ms=2000))
+        return True
+    except tf.errors.OpError:  # not set up yet, or not answering
+        return False
