@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs a parameter-server cluster on this machine: NUM_PS ps tasks and
-# NUM_WORKERS worker tasks of mnist_dist_async.py or mnist_dist_sync.py, one
-# process each, with one log per task in RUN_DIR. Prints each worker's final
-# accuracy; exits 0 if every task did, 1 if any failed, 130 if interrupted.
-# Every process it started is gone when it returns, whichever way.
-# `compare` runs async, then sync, with the same flags and a --logdir each,
-# and compares them with launcher/compare.py; `straggler` does the same with
-# the last worker slowed, and adds a sync run with a backup worker.
+# NUM_WORKERS worker tasks of mnist_dist_async.py, mnist_dist_sync.py or
+# mnist_dist_tf2.py, one process each, with one log per task in RUN_DIR.
+# Prints each worker's final accuracy; exits 0 if every task did, 1 if any
+# failed, 130 if interrupted. Every process it started is gone when it
+# returns, whichever way. `compare` runs async, then sync (then tf2, with
+# -t), with the same flags and a --logdir each, and compares them with
+# launcher/compare.py; `straggler` does the same with the last worker
+# slowed, and adds a sync run with a backup worker.
 #
 # By default the cluster runs in a private network namespace with only a
 # loopback device: TensorFlow's server has no authentication and listens on
@@ -14,7 +15,7 @@
 # the host's network instead.
 set -u
 
-usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-s MS] [-e] [-H] {async|sync|compare|straggler} [script flags...]"
+usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-s MS] [-e] [-t] [-H] {async|sync|tf2|compare|straggler} [script flags...]"
 
 usage() {
   echo "$usage_line" >&2
@@ -32,6 +33,8 @@ prints each worker's final accuracy.
 modes:
   async     mnist_dist_async.py: each worker applies its own updates
   sync      mnist_dist_sync.py: SyncReplicasOptimizer aggregates them
+  tf2       mnist_dist_tf2.py: TensorFlow 2's ParameterServerStrategy;
+            worker 0 is its coordinator, the others train
   compare   async, then sync, with the same flags and a --logdir each, then
             launcher/compare.py's table and chart of the two
   straggler compare's runs with the last worker slowed (-s, 20 ms by
@@ -47,6 +50,7 @@ options:
                   straggler (--step_delay_ms)
   -e              an evaluator beside the cluster: it measures each of the
                   chief's checkpoints (--logdir, by default RUN_DIR/logdir)
+  -t              compare: a third run, tf2, after async and sync
   -H              on the host's network, not a private network namespace
   -h, --help      this help
 
@@ -63,8 +67,9 @@ EOF
 
 args=("$@")
 num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0 evaluator=0
+with_tf2=0
 slow_ms=''
-while getopts 'n:p:b:o:s:eHh-:' opt; do
+while getopts 'n:p:b:o:s:etHh-:' opt; do
   case $opt in
     n) num_workers=$OPTARG ;;
     p) num_ps=$OPTARG ;;
@@ -72,6 +77,7 @@ while getopts 'n:p:b:o:s:eHh-:' opt; do
     o) run_dir=$OPTARG ;;
     s) slow_ms=$OPTARG ;;
     e) evaluator=1 ;;
+    t) with_tf2=1 ;;
     H) host_network=1 ;;
     h) print_help ;;
     -) [[ $OPTARG == help ]] && print_help; usage ;;
@@ -86,8 +92,16 @@ shift
 for n in "$num_workers" "$num_ps" "$base_port" ${slow_ms:+"$slow_ms"}; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "$0: error: '$n' is not a positive number" >&2; exit 2; }
 done
-if [[ $mode == straggler ]] && ((num_workers < 2)); then
-  echo "$0: error: a straggler and a backup worker need 2 workers or more" >&2
+if ((with_tf2)) && [[ $mode != compare ]]; then
+  echo "$0: error: -t adds a tf2 run to compare alone" >&2
+  exit 2
+fi
+if [[ $mode == tf2 ]] && ((evaluator)); then
+  echo "$0: error: mnist_dist_tf2.py has no evaluator (-e)" >&2
+  exit 2
+fi
+if [[ $mode == straggler || $mode == tf2 ]] && ((num_workers < 2)); then
+  echo "$0: error: $mode needs 2 workers or more" >&2
   exit 2
 fi
 last_port=$((base_port + num_ps + num_workers - 1))
@@ -147,6 +161,7 @@ if [[ $mode == compare || $mode == straggler ]]; then
         [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 130' INT TERM
   runs=(async sync)
   [[ $mode == straggler ]] && runs+=(backup)
+  ((with_tf2)) && runs+=(tf2)
   for run in "${runs[@]}"; do
     m=${run/backup/sync} backup=()
     [[ $run == backup ]] && backup=(--replicas_to_aggregate=$((num_workers - 1)))
@@ -202,7 +217,7 @@ worker_pids+=($!)
 if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
 why() {  # LOG: the task's own line that says why it ended, indented
-  grep -E ': error: |: interrupted$|: every worker has ended; ' "$1" |
+  grep -E ': error: |: interrupted$|: every worker has ended; |: the coordinator, .* left: ' "$1" |
     tail -n 1 | sed 's/^/    /'
 }
 killed() {  # STATUS LOG: the signal that killed a task that said nothing
@@ -222,7 +237,8 @@ while ((running > 0)); do
     worker_status[i]=$? running=$((running - 1))
     ((worker_status[i] == 0)) || failed=1
     worker_signal[i]=$(killed "${worker_status[i]}" "$run_dir/worker$i.log")
-    if [[ -n ${worker_signal[i]} ]]; then
+    # A TF2 ps does not count workers: its coordinator tells it.
+    if [[ -n ${worker_signal[i]} && $mode != tf2 ]]; then
       (trap '' INT; cd "$here" && exec "$python" -m launcher.tell_ps \
         "$ps_hosts" "$worker_hosts" "$i" \
         "killed by SIG${worker_signal[i]}, as $0 saw" \
@@ -264,8 +280,13 @@ for ((i = 0; i < num_ps; i++)); do
 done
 for ((i = 0; i < num_workers; i++)); do
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
-  echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
-  ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
+  if [[ $mode == tf2 ]] && ((i > 0)); then  # it computes the coordinator's steps
+    echo "worker $i: exit ${worker_status[i]}"
+    why "$run_dir/worker$i.log"
+  else
+    echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
+    ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
+  fi
   [[ -n ${worker_signal[i]} ]] && echo "    killed by SIG${worker_signal[i]}"
 done
 if ((evaluator)) && ((evaluator_status != 0)); then

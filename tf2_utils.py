@@ -5,17 +5,22 @@ TensorFlow 2 only: the TF1 scripts do not import it."""
 
 import os
 import sys
+import threading
 import time
 
 import tensorflow as tf
 from absl import flags
 
 import cluster_utils
-from ps_cluster import coordinated, errors, exits, probes
-from ps_cluster.deadlines import call_within, poll
+from ps_cluster import coordinated, errors, exits, liveness, probes
+from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
 
 FLAGS = flags.FLAGS
+# The errors of a lost ps, as the coordinator meets them: a lost worker's
+# steps TensorFlow's coordinator runs again on the others.
+LOST = (tf.errors.UnavailableError, tf.errors.AbortedError,
+        tf.errors.CancelledError)
 
 
 def start_task():
@@ -30,12 +35,19 @@ class Tf2Task:
     `cluster` (a ClusterSpec), `job_name`, `index`, and `task_index`, its
     --task_index, which the lines it prints for launch_local.sh carry."""
 
+    # How often the coordinator asks its workers whether they answer, while
+    # it waits for their steps.
+    WORKER_CHECK_SECS = 2
+
     def __init__(self, task):
         self.task, self.end = task, task.end
         workers = task.cluster['worker']
         if task.job_name == 'evaluator':
             exits.usage_error('mnist_dist_tf2.py has no evaluator: its '
                               'coordinator measures the model each epoch')
+        if FLAGS.shard_data:
+            exits.usage_error('--shard_data: mnist_dist_tf2.py\'s workers '
+                              'read the coordinator\'s data, all of it')
         if len(workers) < 2:
             exits.usage_error('--worker lists %d task(s): TensorFlow 2 needs '
                               'a coordinator, worker 0, and a worker to '
@@ -51,6 +63,9 @@ class Tf2Task:
         else:
             self.job_name, self.index = 'worker', task.index - 1
         self.name = '/job:%s/task:%d' % (self.job_name, self.index)
+        # The workers said not to answer, and when each last answered.
+        self._gone, self._heard = set(), {}
+        self._checked = time.time()
         task.end.name = lambda: self.name
         print('%s: TensorFlow 2\'s cluster: chief %s (the coordinator), '
               'workers %s, ps %s' % (
@@ -60,6 +75,8 @@ class Tf2Task:
         # 2's servers cannot tell it.
         task.end.before_leaving(self._tell_servers
                                 if self.job_name == 'chief' else None)
+        if self.job_name == 'chief':
+            self._end_on_errors()
 
     def load_mnist(self, images_per_step):
         """The data sets of --data_dir (cluster_utils.Task.load_mnist), once
@@ -97,23 +114,78 @@ class Tf2Task:
         return Checkpoints(FLAGS.logdir, variables)
 
     def join(self, coordinator):
-        """coordinator.join(), but a stall ends the task after
-        --stall_timeout, naming the tasks that do not answer, and a lost ps
-        is waited for, --ps_timeout, then the coordinator starts again from
-        its last checkpoint: its variables there are lost, and TensorFlow
-        2's coordinator cannot make them again."""
-        try:
-            call_within(FLAGS.stall_timeout, coordinator.join)
-        except TimeoutError:
-            raise TaskFailed('no step for %g s; %s' % (
-                FLAGS.stall_timeout, self._silent() or 'every task answers'))
-        except (tf.errors.UnavailableError, tf.errors.AbortedError,
-                tf.errors.CancelledError) as e:
-            lost = [name for name, address in self._tasks('ps').items()
-                    if not probes.answers(address)]
-            if not lost:
-                raise TaskFailed(errors.what_went_wrong(e))
-            self._start_again(lost[0])
+        """coordinator.join(), saying once which workers stop answering
+        (TensorFlow's coordinator runs their steps on the others) and
+        which come back; but the end of the task, naming the tasks that do
+        not answer, if the steps are not done within --stall_timeout. A
+        step's error is raised here."""
+        joined = []
+
+        def join():
+            try:
+                coordinator.join()
+                joined.append(None)
+            except Exception as e:  # raised again in the main thread
+                joined.append(e)
+        threading.Thread(target=join, daemon=True, name='join').start()
+        deadline = time.time() + FLAGS.stall_timeout
+        while True:
+            done = poll(lambda: joined, self.WORKER_CHECK_SECS, 0.05)
+            if time.time() - self._checked >= self.WORKER_CHECK_SECS:
+                self._check_workers()
+            if done:
+                break
+            if time.time() > deadline:
+                raise TaskFailed('the steps were not done within %g s; %s' % (
+                    FLAGS.stall_timeout,
+                    self._silent() or 'every task answers'))
+        if joined[0] is not None:
+            raise joined[0]
+
+    def _end_on_errors(self):
+        """An error of TensorFlow's that the coordinator's main thread
+        raises, in a step or as it reads or saves the variables, ends it in
+        one line; but a lost ps is waited for, --ps_timeout, then the
+        coordinator starts again from its last checkpoint: its variables
+        there are lost, and TensorFlow 2's coordinator cannot make them
+        again."""
+        one_line = sys.excepthook
+
+        def on_error(kind, error, traceback):
+            if self.end.ending():
+                # The others, told, leave: what fails then says nothing.
+                self.end.leave()
+            if issubclass(kind, tf.errors.OpError):
+                lost = [name for name, address in self._tasks('ps').items()
+                        if not probes.answers(address)]
+                try:
+                    if lost and issubclass(kind, LOST):
+                        self._start_again(lost[0])
+                    self.end.fail(errors.what_went_wrong(error))
+                except TaskFailed as e:
+                    self.end.fail(e.message, e.status)
+            one_line(kind, error, traceback)
+        sys.excepthook = on_error
+
+    def _check_workers(self):
+        """Says once that a worker stopped answering, silent for GONE_SECS
+        (a busy machine's worker answers late), and once that it is
+        back."""
+        now = self._checked = time.time()
+        for name, address in self._tasks('worker').items():
+            self._heard.setdefault(name, now)
+            if probes.answers(address):
+                self._heard[name] = now
+                if name in self._gone:
+                    self._gone.discard(name)
+                    print('%s: %s (%s) is back' % (self.name, name, address),
+                          flush=True)
+            elif (name not in self._gone
+                  and now - self._heard[name] > liveness.GONE_SECS):
+                self._gone.add(name)
+                print('%s: %s (%s) does not answer: its steps go to the '
+                      'other workers' % (self.name, name, address),
+                      flush=True)
 
     def log(self, start):
         """What the coordinator prints beyond the epoch lines, and writes in
@@ -153,6 +225,7 @@ class Tf2Task:
         coordinated.tell(servers, word, exits.TaskEnd.LAST_WORDS_SECS)
 
     def _silent(self):
+        """Which ps tasks and workers do not answer, in words."""
         silent = [name for job in ('ps', 'worker')
                   for name, address in self._tasks(job).items()
                   if not probes.answers(address)]

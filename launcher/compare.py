@@ -3,8 +3,9 @@ one chart, and where each run's model lived.
 
     python launcher/compare.py RUN_DIR [TARGET_ACCURACY]
 
-reads the runs in RUN_DIR/async, RUN_DIR/sync and RUN_DIR/backup (sync with
-a backup worker), those there, as the launcher leaves them (the workers'
+reads the runs in RUN_DIR/async, RUN_DIR/sync, RUN_DIR/backup (sync with
+a backup worker) and RUN_DIR/tf2 (mnist_dist_tf2.py, whose coordinator's
+log is worker0.log), those there, as the launcher leaves them (the workers'
 logs, and the chief's TensorBoard events in RUN/logdir); prints a table of
 each worker's final accuracy, global steps, training seconds, steps per
 second, mean staleness and dropped gradients, with a row for each run as a
@@ -24,7 +25,7 @@ import sys
 
 from absl import app
 
-RUNS = ('async', 'sync', 'backup')
+RUNS = ('async', 'sync', 'backup', 'tf2')
 ACCURACY = re.compile(r'^worker=(\d+), final accuracy = ([0-9.]+)$', re.M)
 TIMING = re.compile(r'^worker=(\d+), local_steps=(\d+), global_step=(\d+), '
                     r'train_seconds=([0-9.]+), steps_per_sec=([0-9.]+)$',
@@ -140,7 +141,8 @@ def plot(runs, curves, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(3, 2, figsize=(11, 11))
-    colors = dict(zip(runs, ('tab:blue', 'tab:orange', 'tab:green')))
+    colors = dict(zip(runs, ('tab:blue', 'tab:orange', 'tab:green',
+                             'tab:red')))
     for run, color in colors.items():
         for col in (0, 1):  # against the global step, then wall time
             for row, tags in enumerate(

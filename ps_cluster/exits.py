@@ -42,6 +42,10 @@ class TaskEnd:
         self._telling = threading.Lock()
         self._tell = None
 
+    def ending(self):
+        """Whether a thread has begun to end this task."""
+        return self._ending.locked()
+
     def before_leaving(self, tell):
         """tell(reason) will be called when this task ends on purpose (an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to

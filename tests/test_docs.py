@@ -12,10 +12,10 @@ DOCS = [os.path.join(REPO, 'README.md')] + sorted(
     glob.glob(os.path.join(REPO, 'docs', '*.md')))
 # What launch_local.sh prints besides the tasks' own lines.
 LAUNCHER_LINES = [
-    r'(async|sync): \d+ ps \(\S+\), \d+ workers \(\S+\)(, an evaluator)?'
-    r'(, worker \d+ \d+ ms slower a step)?, logs in \S+',
-    r'---- (async|sync), \d+ workers, logs in \S+',
-    r'worker \d+: exit \d+, final accuracy = \S+']
+    r'(async|sync|tf2): \d+ ps \(\S+\), \d+ workers \(\S+\)'
+    r'(, an evaluator)?(, worker \d+ \d+ ms slower a step)?, logs in \S+',
+    r'---- (async|sync|tf2), \d+ workers, logs in \S+',
+    r'worker \d+: exit \d+(, final accuracy = \S+)?']
 # The conversions of Python's %-formats in the lines our code prints.
 FORMATS = {'%d': r'-?\d+', '%s': r'.+', '%g': r'[\d.e+-]+',
            '%.1f': r'[\d.]+', '%.2f': r'[\d.]+', '%.0f': r'\d+'}

@@ -1,0 +1,147 @@
+"""mnist_dist_tf2.py run as a cluster, one process per task: going on from
+a TF1 script's --logdir to a SavedModel that a fresh process loads; and the
+faults its coordinator meets, a worker killed, a ps killed and started
+again, Ctrl-C, in one run."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, START_UP, final_accuracies, left_running
+
+pytestmark = pytest.mark.slow  # not in the fast tier
+
+SMALL = ('--validation_size=100', '--learning_rate=0.5')
+EXPORTED = re.compile(r'exported the model at global_step=(\d+) to (\S+); its '
+                      r'test accuracy = ([0-9.]+)$', re.M)
+STARTING = re.compile(r'^worker=0, starting at global_step=(\d+) from (.*); '
+                      r'test accuracy = ([0-9.]+)$', re.M)
+
+# Classifies the test set of a data dir with a SavedModel, in a process of
+# its own, as a user serving it would.
+LOAD = '''
+import sys
+import numpy as np
+import tensorflow as tf
+import mnist_data
+test = mnist_data.read_data_sets(sys.argv[2], 100).test
+serve = tf.saved_model.load(sys.argv[1]).signatures['serving_default']
+classes = serve(images=tf.constant(mnist_data.as_float(test).images))
+print(np.mean(classes['classes'].numpy() == test.labels))
+'''
+
+
+def run(procs, cluster):
+    """Waits for every task of cluster, (ps, workers), and checks each
+    ended with status 0, without a traceback, leaving nothing running;
+    returns the coordinator's output."""
+    ps, workers = cluster
+    tasks = (ps if isinstance(ps, list) else [ps]) + workers
+    procs.wait_all(tasks, START_UP)
+    for proc in tasks:
+        assert proc.returncode == 0, procs.output(proc)
+        assert 'Traceback' not in procs.output(proc)
+        assert not re.search(r'^E\d{4} ', procs.output(proc), re.M)
+        assert left_running(proc) == []
+    return procs.output(workers[0])
+
+
+def served_accuracy(path, data_dir):
+    ran = subprocess.run([sys.executable, '-c', LOAD, path, data_dir],
+                         cwd=REPO, capture_output=True, text=True,
+                         timeout=START_UP)
+    assert ran.returncode == 0, ran.stderr
+    return float(ran.stdout.split()[-1])
+
+
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+@pytest.mark.parametrize('script,flags', [
+    ('async', ['--split_w']), ('sync', [])], ids=['async-split_w', 'sync'])
+def test_goes_on_from_a_tf1_run(procs, free_ports, small_data, tmp_path,
+                                script, flags):
+    num_ps = 2 if flags else 1
+    common = ['--data_dir=' + small_data, '--logdir=%s' % (tmp_path / 'L'),
+              '--export_dir=%s' % (tmp_path / 'E'), *SMALL, *flags]
+    tf1 = run(procs, procs.cluster(script, free_ports, *common, '--epochs=2',
+                                   num_ps=num_ps))
+    [(tf1_step, _, tf1_accuracy)] = EXPORTED.findall(tf1)
+    # 10 steps an epoch for each of 3 workers: the async script's global
+    # steps, where the run would have ended.
+    tf2 = run(procs, procs.cluster('tf2', free_ports, *common, '--epochs=4',
+                                   num_ps=num_ps, name='tf2'))
+    [(start, source, accuracy)] = STARTING.findall(tf2)
+    assert start == tf1_step
+    assert source == 'the TF1 checkpoint %s/model.ckpt-%s' % (
+        tmp_path / 'L', tf1_step)
+    assert abs(float(accuracy) - float(tf1_accuracy)) <= 0.005
+    [(step, path, exported)] = EXPORTED.findall(tf2)
+    assert step == '120'
+    assert final_accuracies(tf2) == {0: float(exported)}
+    assert float(exported) > 0.9
+    assert served_accuracy(path, small_data) == float(exported)
+    # Its own checkpoints, from which the same --logdir goes on.
+    assert (tmp_path / 'L' / 'tf2' / 'ckpt-120.index').exists()
+
+
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+def test_a_worker_killed_a_ps_restarted_and_ctrl_c(procs, free_ports,
+                                                   small_data, tmp_path):
+    ports = free_ports(4)
+    hosts = ['--data_dir=' + small_data, '--logdir=%s' % (tmp_path / 'L'),
+             '--print_every_epochs=1', '--epochs=100000', *SMALL]
+
+    def start(job, index, name=''):
+        return procs.script('tf2', job, index, ports[:1], ports[1:], *hosts,
+                            name=name)
+    ps = start('ps', 0)
+    coordinator, worker0, worker1 = (start('worker', i) for i in range(3))
+    epoch = r'^worker=0,epoch=\d+,global_step=(\d+)'
+    procs.wait_for_output(coordinator, epoch, START_UP)
+
+    # A ps lost: the coordinator waits for it, and starts again from its
+    # last checkpoint, once it has one.
+    deadline = time.time() + START_UP
+    while not (tmp_path / 'L' / 'tf2' / 'checkpoint').exists():
+        assert time.time() < deadline, procs.output(coordinator)
+        time.sleep(0.1)
+    ps.kill()
+    procs.wait_for_output(coordinator, r'lost the connection to /job:ps/task:0 '
+                          r'\(localhost:%d\): waiting up to 120 s' % ports[0],
+                          START_UP)
+    ps = start('ps', 0, name='again')
+    restart = procs.wait_for_output(coordinator, STARTING.pattern, START_UP,
+                                    count=2)
+    assert restart.group(2).startswith('the checkpoint %s' % (
+        tmp_path / 'L' / 'tf2' / 'ckpt-'))
+    assert int(restart.group(1)) > 0
+
+    # A worker lost: TensorFlow's coordinator runs its steps on the other,
+    # and says nothing; ours says it once.
+    worker1.kill()
+    procs.wait_for_output(
+        coordinator, r'/job:worker/task:1 \(localhost:%d\) does not answer: '
+        'its steps go to the other workers$' % ports[3], START_UP)
+    # It trains on: an epoch more.
+    count = len(re.findall(epoch, procs.output(coordinator), re.M))
+    procs.wait_for_output(coordinator, epoch, START_UP, count=count + 1)
+
+    # Ctrl-C on the coordinator: it tells the others, which end.
+    os.kill(coordinator.pid, signal.SIGINT)
+    procs.wait_all([coordinator, worker0, ps], START_UP)
+    assert coordinator.returncode == 130
+    assert procs.stderr(coordinator).endswith(
+        '/job:chief/task:0: interrupted\n')
+    for task, name in ((worker0, '/job:worker/task:0'),
+                       (ps, '/job:ps/task:0')):
+        assert task.returncode == 0, procs.output(task)
+        assert procs.stdout(task).endswith(
+            '%s: the coordinator, /job:chief/task:0 (localhost:%d), left: '
+            '"interrupted"\n' % (name, ports[1]))
+    for task in (coordinator, worker0, ps):
+        assert 'Traceback' not in procs.output(task)
+        assert left_running(task) == []
