@@ -41,7 +41,7 @@ def train(procs, free_ports, script, data_dir, *flags,
 
 
 @pytest.mark.xdist_group('real')  # real processes (pytest.ini)
-@pytest.mark.parametrize('script', ['async', 'sync'])
+@pytest.mark.parametrize('script', ['async', 'sync', 'tf2'])
 def test_help_lists_the_flags_and_exits_0(script):
     stdout, stderr, status = script_help(script)
     assert status == 0, stderr
