@@ -35,8 +35,9 @@ modes:
   sync      mnist_dist_sync.py: SyncReplicasOptimizer aggregates them
   tf2       mnist_dist_tf2.py: TensorFlow 2's ParameterServerStrategy;
             worker 0 is its coordinator, the others train
-  compare   async, then sync, with the same flags and a --logdir each, then
-            launcher/compare.py's table and chart of the two
+  compare   async, then sync (then tf2, with -t), with the same flags and a
+            --logdir each, then launcher/compare.py's table and chart of
+            the runs
   straggler compare's runs with the last worker slowed (-s, 20 ms by
             default), then sync with one backup worker
             (--replicas_to_aggregate one below the workers), in one table
@@ -96,9 +97,10 @@ if ((with_tf2)) && [[ $mode != compare ]]; then
   echo "$0: error: -t adds a tf2 run to compare alone" >&2
   exit 2
 fi
-if [[ $mode == tf2 ]] && ((evaluator)); then
-  echo "$0: error: mnist_dist_tf2.py has no evaluator (-e)" >&2
-  exit 2
+if [[ $mode == tf2 ]] || ((with_tf2)); then
+  # What mnist_dist_tf2.py does not take, refused before any run.
+  ((evaluator)) && { echo "$0: error: mnist_dist_tf2.py has no evaluator (-e)" >&2; exit 2; }
+  [[ -n $slow_ms ]] && { echo "$0: error: mnist_dist_tf2.py has no straggler (-s)" >&2; exit 2; }
 fi
 if [[ $mode == straggler || $mode == tf2 ]] && ((num_workers < 2)); then
   echo "$0: error: $mode needs 2 workers or more" >&2

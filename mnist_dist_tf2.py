@@ -92,8 +92,7 @@ def main(_):
         cluster, task_type='chief', task_id=0, rpc_layer='grpc')
 
     def split_w(shape, dtype):
-        return ([cluster.num_tasks('ps'), 1] if shape.rank == 2
-                else [1] * shape.rank)
+        return [cluster.num_tasks('ps'), 1] if shape.rank == 2 else [1]
     strategy = tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=split_w if FLAGS.split_w else None)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -127,8 +126,9 @@ def main(_):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     # TF2: one step, a function run on whichever worker is free: it reads w
-    # and b, and applies its gradients to them on the ps, shard by shard.
-    params = (w.variables if FLAGS.split_w else [w]) + [b]
+    # and b, and applies its gradients to them on the ps, shard by shard (a
+    # split w's are its .variables; one ps keeps it whole).
+    params = list(getattr(w, 'variables', [w])) + [b]
 
     @tf.function
     def train_step(iterator):
@@ -149,7 +149,7 @@ def main(_):
         # TF2: the steps are scheduled, not run: join() waits for them.
         losses = [coordinator.schedule(train_step, args=(iterator,))
                   for _ in range(end - step)]
-        task.join(coordinator)
+        task.join(coordinator, global_step)
         step = end
         loss = losses[-1].fetch()
         if (epoch + 1) % FLAGS.print_every_epochs == 0:

@@ -1,7 +1,7 @@
 """The cluster side of mnist_dist_tf2.py, on cluster_utils.py's flags and
-task: TensorFlow 2's cluster, its servers' end, the coordinator's
-checkpoints, summaries and SavedModel, and its waits for a lost ps.
-TensorFlow 2 only: the TF1 scripts do not import it."""
+task: this task in TensorFlow 2's cluster, and what its coordinator adds
+to TensorFlow's own (TensorFlow 2 only: the TF1 scripts do not import
+it)."""
 
 import os
 import sys
@@ -13,7 +13,7 @@ from absl import flags
 
 import cluster_utils
 from ps_cluster import coordinated, errors, exits, liveness, probes
-from ps_cluster.deadlines import poll
+from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
 FLAGS = flags.FLAGS
@@ -97,14 +97,16 @@ class Tf2Task:
         self.end.leave()
 
     def wait_for_servers(self):
-        """Until every ps and worker answers, or the end of this task after
-        --startup_timeout: TensorFlow 2's strategy connects to them at once,
-        and its first steps fail on a ps not yet up."""
-        for job in ('ps', 'worker'):
-            probes.wait_for_tasks(self.cluster, job, FLAGS.startup_timeout)
-        poll(lambda: all(map(probes.answers, self.cluster.job_tasks('ps')
-                             + self.cluster.job_tasks('worker'))),
-             FLAGS.startup_timeout, 0.2)
+        """Until every ps and worker answers, or TaskFailed naming those
+        that do not after --startup_timeout: TensorFlow 2's strategy
+        connects to all of them at once, and its first steps fail on a ps
+        not yet up."""
+        servers = self.cluster.job_tasks('ps') + self.cluster.job_tasks('worker')
+        if not poll(lambda: all(map(probes.answers, servers)),
+                    FLAGS.startup_timeout, 0.2):
+            raise TaskFailed('%s within %g s' % (
+                self._silent() or 'not every task answered',
+                FLAGS.startup_timeout))
 
     def checkpoints(self, **variables):
         """TensorFlow 2's checkpoints of variables in --logdir/tf2, from
@@ -113,11 +115,11 @@ class Tf2Task:
         any split of w). Returns a Checkpoints."""
         return Checkpoints(FLAGS.logdir, variables)
 
-    def join(self, coordinator):
+    def join(self, coordinator, global_step):
         """coordinator.join(), saying once which workers stop answering
         (TensorFlow's coordinator runs their steps on the others) and
         which come back; but the end of the task, naming the tasks that do
-        not answer, if the steps are not done within --stall_timeout. A
+        not answer, once global_step has not moved for --stall_timeout. A
         step's error is raised here."""
         joined = []
 
@@ -128,15 +130,23 @@ class Tf2Task:
             except Exception as e:  # raised again in the main thread
                 joined.append(e)
         threading.Thread(target=join, daemon=True, name='join').start()
-        deadline = time.time() + FLAGS.stall_timeout
+        last, moved = None, time.time()
         while True:
             done = poll(lambda: joined, self.WORKER_CHECK_SECS, 0.05)
+            # Every WORKER_CHECK_SECS, however short each join.
             if time.time() - self._checked >= self.WORKER_CHECK_SECS:
                 self._check_workers()
             if done:
                 break
-            if time.time() > deadline:
-                raise TaskFailed('the steps were not done within %g s; %s' % (
+            try:
+                # A frozen ps can block a read for good.
+                step = call_within(self.WORKER_CHECK_SECS, global_step.numpy)
+            except (TimeoutError, tf.errors.OpError):
+                step = last
+            if step != last:
+                last, moved = step, time.time()
+            elif time.time() - moved > FLAGS.stall_timeout:
+                raise TaskFailed('no new global step for %g s; %s' % (
                     FLAGS.stall_timeout,
                     self._silent() or 'every task answers'))
         if joined[0] is not None:
@@ -145,25 +155,24 @@ class Tf2Task:
     def _end_on_errors(self):
         """An error of TensorFlow's that the coordinator's main thread
         raises, in a step or as it reads or saves the variables, ends it in
-        one line; but a lost ps is waited for, --ps_timeout, then the
-        coordinator starts again from its last checkpoint: its variables
-        there are lost, and TensorFlow 2's coordinator cannot make them
-        again."""
+        one line; but after an error of a lost ps, the ps tasks are waited
+        for, --ps_timeout, and the coordinator starts again: TensorFlow 2's
+        coordinator cannot make the variables again on a ps that lost
+        them."""
         one_line = sys.excepthook
 
         def on_error(kind, error, traceback):
             if self.end.ending():
-                # The others, told, leave: what fails then says nothing.
-                self.end.leave()
-            if issubclass(kind, tf.errors.OpError):
-                lost = [name for name, address in self._tasks('ps').items()
-                        if not probes.answers(address)]
-                try:
-                    if lost and issubclass(kind, LOST):
-                        self._start_again(lost[0])
+                # The others, told, leave: what fails then says nothing,
+                # and the thread that ends the task ends the process.
+                threading.Event().wait()
+            try:
+                if issubclass(kind, LOST):
+                    self._start_again(error)
+                if issubclass(kind, tf.errors.OpError):
                     self.end.fail(errors.what_went_wrong(error))
-                except TaskFailed as e:
-                    self.end.fail(e.message, e.status)
+            except TaskFailed as e:
+                self.end.fail(e.message, e.status)
             one_line(kind, error, traceback)
         sys.excepthook = on_error
 
@@ -178,13 +187,13 @@ class Tf2Task:
                 self._heard[name] = now
                 if name in self._gone:
                     self._gone.discard(name)
-                    print('%s: %s (%s) is back' % (self.name, name, address),
-                          flush=True)
+                    print('worker=%d: %s (%s) is back' % (
+                        self.task_index, name, address), flush=True)
             elif (name not in self._gone
                   and now - self._heard[name] > liveness.GONE_SECS):
                 self._gone.add(name)
-                print('%s: %s (%s) does not answer: its steps go to the '
-                      'other workers' % (self.name, name, address),
+                print('worker=%d: %s (%s) does not answer: its steps go to '
+                      'the other workers' % (self.task_index, name, address),
                       flush=True)
 
     def log(self, start):
@@ -231,25 +240,29 @@ class Tf2Task:
                   if not probes.answers(address)]
         return silent and '%s do(es) not answer' % ', '.join(silent)
 
-    def _start_again(self, ps):
-        """Waits for the lost ps, and starts this coordinator again, as a
-        new process image with the same arguments, from its last checkpoint;
-        or ends the task, saying why it cannot."""
-        address = self._tasks('ps')[ps]
-        if not FLAGS.logdir:
-            raise TaskFailed('lost the connection to %s (%s), and with no '
-                             '--logdir there is no checkpoint to start '
-                             'again from' % (ps, address))
-        print('%s: lost the connection to %s (%s): waiting up to %g s for '
-              'it to come back (--ps_timeout)' % (
-                  self.name, ps, address, FLAGS.ps_timeout), flush=True)
-        if not poll(lambda: probes.answers(address), FLAGS.ps_timeout, 1):
-            raise TaskFailed('lost the connection to %s (%s), which did not '
-                             'come back within %g s' % (ps, address,
-                                                        FLAGS.ps_timeout))
-        print('%s: %s is back: starting again from the last checkpoint in '
-              '%s' % (self.name, ps, FLAGS.logdir), flush=True)
-        sys.stdout.flush()
+    def _start_again(self, error):
+        """Waits for every ps to answer, and starts this coordinator again,
+        as a new process image with the same arguments, from its last
+        checkpoint in --logdir, if any (else from new variables, as a TF1
+        run without one); or raises TaskFailed once --ps_timeout has
+        passed."""
+        silent = [(name, address) for name, address in self._tasks('ps').items()
+                  if not probes.answers(address)]
+        if silent:
+            print('worker=%d: lost the connection to %s (%s): waiting up to '
+                  '%g s for it to come back (--ps_timeout)' % (
+                      self.task_index, *silent[0], FLAGS.ps_timeout),
+                  flush=True)
+        else:  # a ps started again in the meantime
+            print('worker=%d: lost a ps task (%s); every ps answers' % (
+                self.task_index, errors.what_went_wrong(error)), flush=True)
+        for name, address in silent:
+            if not poll(lambda: probes.answers(address), FLAGS.ps_timeout, 1):
+                raise TaskFailed('lost the connection to %s (%s), which did '
+                                 'not come back within %g s' % (
+                                     name, address, FLAGS.ps_timeout))
+        print('worker=%d: starting again, from the last checkpoint in '
+              '--logdir if there is one' % self.task_index, flush=True)
         os.execv(sys.executable, [sys.executable] + sys.argv)
 
 

@@ -31,7 +31,9 @@ class Word:
             self.word = _word(name)
             self.sess = tf.Session(server.target, config=tf.ConfigProto(
                 device_filters=[name]))
-            self.sess.run(self.word.initializer)
+            # The coordinator may have set it already: it fails at start.
+            if not self.sess.run(tf.is_variable_initialized(self.word)):
+                self.sess.run(self.word.initializer)
 
     def wait(self, coordinator, startup_timeout, silent_timeout):
         """Until the coordinator at `coordinator` (its name and address)
@@ -60,21 +62,20 @@ class Word:
 
 def tell(tasks, word, secs):
     """Sets `word` on each of tasks ({name: address}) that answers, in
-    sessions of its own, within secs in all; returns the names of those
-    not told."""
+    sessions of its own, within secs in all."""
     untold = dict(tasks)
 
     def tell_those_up():
         for name, address in list(untold.items()):
-            # Opening a session waits with no timeout for a task not there.
-            if probes.is_listening(address) and _set(name, address, word):
+            # A frozen task accepts connections, and a session's run on it
+            # can block past its timeout: only those that answer.
+            if probes.answers(address, 1.0) and _set(name, address, word):
                 del untold[name]
         return not untold
     try:
         call_within(secs, poll, tell_those_up, secs, 0.2)
-    except TimeoutError:  # a frozen task
+    except TimeoutError:  # a task froze as it was told
         pass
-    return sorted(untold)
 
 
 def _set(name, address, word):
