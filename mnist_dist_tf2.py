@@ -91,7 +91,7 @@ def main(_):
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         cluster, task_type='chief', task_id=0, rpc_layer='grpc')
 
-    def split_w(shape, dtype):
+    def split_w(shape, dtype):  # called with both, by name
         return [cluster.num_tasks('ps'), 1] if shape.rank == 2 else [1]
     strategy = tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=split_w if FLAGS.split_w else None)

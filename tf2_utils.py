@@ -101,7 +101,8 @@ class Tf2Task:
         that do not after --startup_timeout: TensorFlow 2's strategy
         connects to all of them at once, and its first steps fail on a ps
         not yet up."""
-        servers = self.cluster.job_tasks('ps') + self.cluster.job_tasks('worker')
+        servers = (self.cluster.job_tasks('ps')
+                   + self.cluster.job_tasks('worker'))
         if not poll(lambda: all(map(probes.answers, servers)),
                     FLAGS.startup_timeout, 0.2):
             raise TaskFailed('%s within %g s' % (
@@ -246,8 +247,8 @@ class Tf2Task:
         checkpoint in --logdir, if any (else from new variables, as a TF1
         run without one); or raises TaskFailed once --ps_timeout has
         passed."""
-        silent = [(name, address) for name, address in self._tasks('ps').items()
-                  if not probes.answers(address)]
+        silent = [(name, address) for name, address
+                  in self._tasks('ps').items() if not probes.answers(address)]
         if silent:
             print('worker=%d: lost the connection to %s (%s): waiting up to '
                   '%g s for it to come back (--ps_timeout)' % (
@@ -281,8 +282,9 @@ class Checkpoints:
             checkpoint, os.path.join(logdir, 'tf2'), max_to_keep=5)
         tf1 = tf.train.latest_checkpoint(logdir)
         if self.manager.latest_checkpoint:
-            checkpoint.restore(self.manager.latest_checkpoint).assert_consumed()
-            self.source = 'the checkpoint %s' % self.manager.latest_checkpoint
+            latest = self.manager.latest_checkpoint
+            checkpoint.restore(latest).assert_consumed()
+            self.source = 'the checkpoint %s' % latest
         elif tf1:
             # Not tf.train.Checkpoint's name-based restore: it matches a
             # variable by its name in the graph, and a split w's shards are

@@ -110,9 +110,9 @@ def test_a_worker_killed_a_ps_restarted_and_ctrl_c(procs, free_ports,
         assert time.time() < deadline, procs.output(coordinator)
         time.sleep(0.1)
     ps.kill()
-    procs.wait_for_output(coordinator, r'lost the connection to /job:ps/task:0 '
-                          r'\(localhost:%d\): waiting up to 120 s' % ports[0],
-                          START_UP)
+    procs.wait_for_output(
+        coordinator, r'lost the connection to /job:ps/task:0 '
+        r'\(localhost:%d\): waiting up to 120 s' % ports[0], START_UP)
     ps = start('ps', 0, name='again')
     restart = procs.wait_for_output(coordinator, STARTING.pattern, START_UP,
                                     count=2)
