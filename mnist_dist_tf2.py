@@ -106,6 +106,7 @@ def main(_):
     # TF2: this run's checkpoints, or a TF1 run's, in --logdir.
     checkpoints = task.checkpoints(w=w, b=b, global_step=global_step)
     test = mnist_data.as_float(mnist.test)
+    validation = mnist_data.as_float(mnist.validation)
     start = int(global_step.numpy())
     print('worker=%d, starting at global_step=%d from %s; test accuracy = %s'
           % (task.task_index, start, checkpoints.source,
@@ -157,7 +158,7 @@ def main(_):
                   % (task.task_index, epoch, step, step - start, loss),
                   flush=True)
         log.epoch(step, loss=loss, validation_accuracy=accuracy(
-            model(mnist_data.as_float(mnist.validation).images, w, b),
+            model(validation.images, w, b),
             mnist.validation.labels), test_accuracy=accuracy(
             model(test.images, w, b), mnist.test.labels))
         checkpoints.save(step)

@@ -236,10 +236,15 @@ class Tf2Task:
 
     def _silent(self):
         """Which ps tasks and workers do not answer, in words."""
-        silent = [name for job in ('ps', 'worker')
-                  for name, address in self._tasks(job).items()
-                  if not probes.answers(address)]
+        silent = [name for name, _ in self._not_answering('ps', 'worker')]
         return silent and '%s do(es) not answer' % ', '.join(silent)
+
+    def _not_answering(self, *jobs):
+        """The (name, address) of each task of jobs that does not
+        answer."""
+        return [(name, address) for job in jobs
+                for name, address in self._tasks(job).items()
+                if not probes.answers(address)]
 
     def _start_again(self, error):
         """Waits for every ps to answer, and starts this coordinator again,
@@ -247,8 +252,7 @@ class Tf2Task:
         checkpoint in --logdir, if any (else from new variables, as a TF1
         run without one); or raises TaskFailed once --ps_timeout has
         passed."""
-        silent = [(name, address) for name, address
-                  in self._tasks('ps').items() if not probes.answers(address)]
+        silent = self._not_answering('ps')
         if silent:
             print('worker=%d: lost the connection to %s (%s): waiting up to '
                   '%g s for it to come back (--ps_timeout)' % (

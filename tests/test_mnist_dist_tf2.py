@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, START_UP, final_accuracies, left_running
+from conftest import REPO, START_UP, assert_clean_exit, final_accuracies
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -44,10 +44,8 @@ def run(procs, cluster):
     tasks = (ps if isinstance(ps, list) else [ps]) + workers
     procs.wait_all(tasks, START_UP)
     for proc in tasks:
-        assert proc.returncode == 0, procs.output(proc)
-        assert 'Traceback' not in procs.output(proc)
-        assert not re.search(r'^E\d{4} ', procs.output(proc), re.M)
-        assert left_running(proc) == []
+        output = assert_clean_exit(procs, proc, 0)
+        assert not re.search(r'^E\d{4} ', output, re.M)
     return procs.output(workers[0])
 
 
@@ -133,15 +131,12 @@ def test_a_worker_killed_a_ps_restarted_and_ctrl_c(procs, free_ports,
     # Ctrl-C on the coordinator: it tells the others, which end.
     os.kill(coordinator.pid, signal.SIGINT)
     procs.wait_all([coordinator, worker0, ps], START_UP)
-    assert coordinator.returncode == 130
+    assert_clean_exit(procs, coordinator, 130)
     assert procs.stderr(coordinator).endswith(
         '/job:chief/task:0: interrupted\n')
     for task, name in ((worker0, '/job:worker/task:0'),
                        (ps, '/job:ps/task:0')):
-        assert task.returncode == 0, procs.output(task)
+        assert_clean_exit(procs, task, 0)
         assert procs.stdout(task).endswith(
             '%s: the coordinator, /job:chief/task:0 (localhost:%d), left: '
             '"interrupted"\n' % (name, ports[1]))
-    for task in (coordinator, worker0, ps):
-        assert 'Traceback' not in procs.output(task)
-        assert left_running(task) == []
