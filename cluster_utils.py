@@ -168,6 +168,8 @@ def start_task(sync):
                 'Could not start gRPC server' in error.message):
             task.end.fail('cannot listen on port %s (%s): is it in use?' % (
                 task.address.rpartition(':')[2], task.address))
+        if issubclass(kind, tf.errors.OpError):
+            task.end.fail(errors.what_went_wrong(error))
         sys.__excepthook__(kind, error, traceback)
     sys.excepthook = one_line
 
@@ -302,16 +304,18 @@ class Task:
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
         are up, in a session that outlives a lost ps (docs/design.md); sync's
         `tokens` start the chief's updates in each new session."""
-        # Its threads' failures, and the last resort when it is stuck.
-        stall = StallWatch(FLAGS.stall_timeout, FLAGS.ps_timeout, self.end)
-        creator = SessionCreator(sv, worker_server, self.config, self.place,
-                                 self.logdir and self.logdir.path,
-                                 FLAGS.startup_timeout, stall, tokens)
+        # Its threads' failures raised in the main thread, which is ended
+        # only if stuck in TensorFlow.
+        watch = StallWatch(sv.coord, self.end, self.place,
+                           FLAGS.stall_timeout, FLAGS.ps_timeout)
+        watch.start()
         hooks = [tokens] if tokens else []
         if self.logdir:
             hooks.append(CheckpointLoop(self.logdir, sv))
-        sess = RecoverableSession(creator, hooks, FLAGS.ps_timeout,
-                                  self.logdir).open()
+        sess = RecoverableSession(SessionCreator(
+            sv, worker_server, self.config, self.place, hooks, watch,
+            FLAGS.startup_timeout, FLAGS.ps_timeout, self.logdir,
+            tokens)).open()
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.tell)
         return sess

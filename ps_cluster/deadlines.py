@@ -1,9 +1,24 @@
-"""Waiting within a deadline: a call that may block for good in TensorFlow,
-and a condition polled until it holds."""
+"""Waiting within a deadline: a wait's deadline, a call that may block for
+good in TensorFlow, and a condition polled until it holds."""
 
 import concurrent.futures
 import threading
 import time
+
+
+class Deadline:
+    """The end of a wait, `secs` from now (and `grace` more), which the flag
+    `flag` sets; str() says it as a line ends a wait that timed out."""
+
+    def __init__(self, secs, flag, grace=0):
+        self.secs, self.flag = secs, flag
+        self.at = time.time() + secs + grace
+
+    def left(self):
+        return max(0, self.at - time.time())
+
+    def __str__(self):
+        return 'within %g s (%s)' % (self.secs, self.flag)
 
 
 def call_within(secs, function, *args):

@@ -1,5 +1,5 @@
 """Reading TensorFlow's errors in a cluster: what went wrong, in one line,
-and which task was lost or misplaced."""
+which task was lost or misplaced; and the failure a coordinator holds."""
 
 import re
 
@@ -11,6 +11,22 @@ from ps_cluster.exits import TaskFailed
 # The errors of a run that lost a task: the connection broke, or the task
 # restarted and no longer knows the session.
 LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
+
+
+def stored(coord):
+    """The failure stored in coord (a tf.train.Coordinator), if any: the
+    first that any thread of this task met."""
+    try:
+        coord.raise_requested_exception()
+    except Exception as e:  # any: raised again where the main thread is
+        return e
+    return None
+
+
+def fail(coord, message):
+    """Stores TaskFailed(message) in coord, from any thread, unless a
+    failure is stored already."""
+    coord.request_stop((TaskFailed, TaskFailed(message), None))
 
 
 def is_lost(error):
@@ -28,14 +44,15 @@ def what_went_wrong(error):
     """The line of an error that says what went wrong: its first, or, in
     TensorFlow 2's 'Graph execution error', the one after the failed op's
     last 'Node:' line and the task it ran on."""
-    lines = getattr(error, 'message', str(error)).splitlines()
+    lines = [line for line in getattr(error, 'message', str(error))
+             .splitlines() if line not in ('', 'Graph execution error:')]
     nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
     after = lines[nodes[-1] + 1:] if nodes else []
     # Several errors at once come between rules, each after its status and
     # task.
     after = [line for line in after if not re.fullmatch(
         r'(\w+: )?From /job:\S+:|=+', line)]
-    return after[0] if after else lines[0]
+    return (after or lines or [''])[0]
 
 
 def lost_connection(cluster, error, this_task, missing=()):

@@ -10,7 +10,6 @@ start-up too. The counters live in a graph of their own, so the Supervisor
 neither saves, initializes nor waits for them.
 """
 
-import threading
 import time
 
 import numpy as np
@@ -90,48 +89,46 @@ def _mark_left(address, k, num_workers, task_index, reason):
         return False
 
 
-def _left_before_the_model(beats, global_step):
-    """Whether the chief's slot of `beats` says it left on purpose while
-    `global_step` (the model's, named and placed as in the model's graph)
-    is not initialized: it never will be."""
-    with tf.device(beats.device):
-        left = has_left(beats[0])
-    with tf.device(global_step.device):
-        # Of its kind: a ref and a resource variable of one name are two.
-        step = tf.Variable(0, dtype=global_step.dtype.base_dtype,
-                           name=global_step.op.name, trainable=False,
-                           use_resource=global_step.op.type == 'VarHandleOp')
-        ready = tf.is_variable_initialized(step)
-    return tf.logical_and(left, tf.logical_not(ready))
+def silent_workers(place):
+    """The workers other than place's whose beats on ps 0 stand still over
+    a second, not counting those that ended, as the lines name them."""
+    with tf.Graph().as_default() as graph:
+        [beats], _, _, _ = counters(place.cluster.num_tasks('worker'), [0])
+    with tf.Session('grpc://' + place.cluster.task_address('ps', 0),
+                    graph=graph, config=tf.ConfigProto(
+                        device_filters=['/job:ps/task:0'])) as sess:
+        before = sess.run(beats, options=Watchdog.RUN_OPTIONS)
+        time.sleep(1)
+        after = sess.run(beats, options=Watchdog.RUN_OPTIONS)
+    return [place.task('worker', i) for i in np.flatnonzero(
+        (before == after) & (after >= 0)) if i != place.index]
 
 
 # ------------------------------------------------------ a worker's beats
 
 class Watchdog(tf.train.LooperThread):
     """A thread of the Supervisor's that beats for this worker, and reads
-    through the ps tasks what the other tasks do. To `stall`, the
-    StallWatch: a chief gone while this worker waits for the model, and a
-    ps that ended on purpose, as failures; the global step, once it trains
-    (watch_training). A worker gone is named once if sync's `tokens` say it
-    is not done. A lost ps stops the Supervisor's threads with the error,
-    for the main thread to recover; a sync worker's Watchdog then puts in
-    tokens until it does: the main thread may wait, on a ps that stayed,
-    for one the stopped updates were to give. Paused, it only beats.
+    through the ps tasks what the other tasks do. It raises, and so stores
+    in sv.coord, a ps that ended on purpose, and a lost ps, which the main
+    thread recovers from; it tells `watch` (a StallWatch) the global step
+    once this worker trains (watch_training). A worker gone is named once
+    if sync's `tokens` say it is not done; after a lost ps, a sync worker's
+    Watchdog puts in tokens until the main thread recovers.
     """
 
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, config, place, startup_timeout, stall,
+    def __init__(self, sv, server, config, place, watch, deadline,
                  tokens=None):
         super().__init__(sv.coord, self.POLL_SECS)
-        self.sv, self.place, self.stall, self.tokens = sv, place, stall, tokens
+        self.sv, self.place, self.watch, self.tokens = (sv, place, watch,
+                                                        tokens)
         task_index = place.index
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
         self.sess = None
-        self._paused = threading.Event()
         graph = tf.Graph()
         with graph.as_default():
             beats, departures, self.farewells, reasons = counters(
@@ -144,25 +141,19 @@ class Watchdog(tf.train.LooperThread):
             self.done_op = tf.group(*[tf.scatter_update(b, [task_index], done)
                                       for b in beats])
             self.beats, self.departures = beats[0], departures[0]
+            # The chief's slot and reason, read where they lie.
             with tf.device(reasons[0].device):
-                self.chief_reason = reasons[0][0]
+                self.chief = [beats[0][0], reasons[0][0]]
             # Summed where it lies: a scalar a poll, not a vector.
             with tf.device(self.departures.device):
                 self.departed = tf.reduce_sum(self.departures)
-            self.chief_left_early = _left_before_the_model(beats[0],
-                                                           sv.global_step)
         self.session = tf.Session(server.target, graph=graph, config=config)
-        self.last_departures = self._first_beat(startup_timeout)
+        self.last_departures = self._first_beat(deadline)
         self.start()
 
     def watch_training(self, sess):
         """From now on, this worker trains in sess."""
         self.sess = sess
-
-    def pause(self):
-        """Only beats from now on: the main thread waits for a lost ps, or
-        closes the session."""
-        self._paused.set()
 
     def mark_done(self):
         self._run(self.done_op)
@@ -170,12 +161,15 @@ class Watchdog(tf.train.LooperThread):
     def wait_for_the_others(self):
         """Until every other worker has ended, or is gone (no beat for
         GONE_SECS), or no ps answers: the chief's last checkpoint then holds
-        the run's last step. The main thread's: it raises a failure
-        stored."""
+        the run's last step. The main thread's: it raises a failure stored,
+        but a lost ps's."""
         heard, last = None, None
         while True:
-            self.stall.raise_if_failed()
-            beats, now = self._run(self.beats), time.time()
+            failure = errors.stored(self.sv.coord)
+            if failure is not None and not errors.is_lost(failure):
+                raise failure
+            with self.watch.calling('the wait for the other workers'):
+                beats, now = self._run(self.beats), time.time()
             if beats is None:
                 return
             if last is None:
@@ -186,31 +180,22 @@ class Watchdog(tf.train.LooperThread):
                 return
             time.sleep(self.POLL_SECS)
 
-    def silent_workers(self):
-        """The other workers whose counters do not move over a second, not
-        counting those that ended."""
-        before = self._run(self.beats)
-        time.sleep(1)
-        after = self._run(self.beats)
-        if before is None or after is None:
-            return []
-        return [self._task(i) for i in np.flatnonzero(
-            (before == after) & (after >= 0)) if i != self.place.index]
-
-    def _first_beat(self, timeout):
+    def _first_beat(self, deadline):
         """Beats once before this worker waits for the model, so that the
         ps tasks know it from then on; they may not have set up their
         counters yet."""
         def beat():
             try:
-                self.session.run(self.beat_op)
-                return [self.session.run(self.departures)]
+                with self.watch.calling('the first beat',
+                                        deadline=deadline):
+                    self.session.run(self.beat_op)
+                    return [self.session.run(self.departures)]
             except tf.errors.FailedPreconditionError:
                 return None
-        departures = poll(beat, timeout, 0.2)
+        departures = poll(beat, deadline.left(), 0.2)
         if departures is None:
             raise TaskFailed('the ps tasks did not set up their liveness '
-                             'counters within %g s' % timeout)
+                             'counters %s' % deadline)
         return departures[0]
 
     def _run(self, fetches, session=None):
@@ -223,75 +208,66 @@ class Watchdog(tf.train.LooperThread):
         except (tf.errors.OpError, RuntimeError):
             return None
 
+    def chief_left(self):
+        """Why the chief left on purpose, if its slot says it did: a worker
+        that waits for its model then waits in vain."""
+        beat, reason = self._run(self.chief) or (0, b'')
+        return reason.decode() if has_left(beat) else None
+
     def run_loop(self):
-        # For the chief's model.
-        waiting = self.sess is None and not self.place.is_chief
         try:
-            _, departed, farewells, chief_left_early = self.session.run(
-                [self.beat_op, self.departed, self.farewells,
-                 self.chief_left_early if waiting else []],
+            _, departed, farewells = self.session.run(
+                [self.beat_op, self.departed, self.farewells],
                 options=self.RUN_OPTIONS)
         except (tf.errors.OpError, RuntimeError) as e:
-            # A lost ps: the Supervisor's threads stop with it, and the
-            # main thread recovers; a frozen ps: nothing to do.
-            if errors.is_lost(e) and not self._paused.is_set():
-                self.sv.coord.request_stop(e)
+            # A lost ps: stored, and the main thread recovers; a frozen ps:
+            # nothing to do.
+            if errors.is_lost(e):
+                raise
             return
         for k, reason in enumerate(farewells):
             if reason:
-                self.stall.fail(
-                    'lost the connection to %s, which ended: "%s"'
-                    % (self.place.task('ps', k), reason.decode()))
-                return
-        if self._paused.is_set():
-            return
-        # A chief that left before this worker's first beat counts no
-        # departure that this worker sees.
-        if waiting and chief_left_early:
-            self._chief_went_away()
-            return
+                raise TaskFailed('lost the connection to %s, which ended: '
+                                 '"%s"' % (self.place.task('ps', k),
+                                           reason.decode()))
         if departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
             step = self._run(self.sv.global_step, self.sess)
             if step is not None:
-                self.stall.step(step)
+                self.watch.step(step)
 
     def stop_loop(self):
-        try:
-            self.sv.coord.raise_requested_exception()
-        except Exception as e:  # any but a lost ps's: sv.stop() raises it
-            if errors.is_lost(e) and self.tokens and self.sess is not None:
-                # Each poll again: a put may meet the broken connection,
-                # and another worker may take the token.
-                while not self._paused.wait(self.POLL_SECS):
-                    self._run(self.tokens.add_token_op, self.sess)
+        # A lost ps: a sync worker's run may wait, on a ps that stayed, for
+        # a token that the stopped updates were to give. One each poll (a
+        # put may meet the broken connection, another worker take it),
+        # until the main thread closes the session to recover.
+        if (self.tokens and self.sess is not None
+                and errors.is_lost(errors.stored(self.sv.coord))):
+            while True:
+                try:
+                    self.sess.run(self.tokens.add_token_op,
+                                  options=self.RUN_OPTIONS)
+                except tf.errors.OpError:
+                    pass
+                except RuntimeError:  # closed
+                    return
+                time.sleep(self.POLL_SECS)
 
     def _someone_departed(self):
         departures = self._run(self.departures)
         if departures is None:
             return
         for i in np.flatnonzero(departures > self.last_departures):
-            if i == self.place.index:
-                continue
-            if self.sess is None and i == 0:
-                self._chief_went_away()
-                return
-            if self.sess is not None and self._is_gone():
+            if i != self.place.index and self._is_gone():
                 print('worker=%d: %s is gone; training goes on without it'
                       % (self.place.index, self._task(i)), flush=True)
         self.last_departures = departures
 
-    def _chief_went_away(self):
-        reason = self._run(self.chief_reason)
-        self.stall.fail('the chief, %s, went away before the model was '
-                        'ready%s' % (self._task(0), ': "%s"' % reason.decode()
-                                     if reason else ''))
-
     def _is_gone(self):
         """Whether sync's tokens say a worker is gone; async's workers wait
         for nobody, and are not told."""
-        if self.tokens is None:
+        if self.tokens is None or self.sess is None:
             return False
         try:
             return self.tokens.on_departure(self.sess)

@@ -2,7 +2,6 @@
 within a deadline; and the start-up wait for them."""
 
 import socket
-import time
 
 import grpc
 
@@ -35,22 +34,27 @@ def is_listening(address, timeout=1.0):
         return False
 
 
-def wait_for_tasks(cluster, job, timeout):
+def silent(cluster, job):
+    """The indices of the tasks of `job` that do not answer."""
+    return [i for i, address in enumerate(cluster.job_tasks(job))
+            if not answers(address)]
+
+
+def wait_for_tasks(cluster, job, deadline):
     """Blocks until every task of `job` accepts connections: it is up, if
     perhaps not yet serving (answers() then tells); or raises TaskFailed
-    after timeout."""
-    deadline = time.time() + timeout
+    once the deadline (a Deadline) has passed."""
     addresses = cluster.job_tasks(job)
-    if not poll(lambda: all(map(is_listening, addresses)), timeout, 0.2):
+    if not poll(lambda: all(map(is_listening, addresses)), deadline.left(),
+                0.2):
         fail_if_late(job, addresses, {i for i, address in enumerate(addresses)
-                                      if not is_listening(address)},
-                     deadline, timeout)
+                                      if not is_listening(address)}, deadline)
 
 
-def fail_if_late(job, addresses, missing, deadline, timeout):
+def fail_if_late(job, addresses, missing, deadline):
     """Raises TaskFailed, naming the first of the missing tasks of `job`,
-    once the deadline has passed."""
-    if missing and time.time() > deadline:
+    once the deadline (a Deadline) has passed."""
+    if missing and not deadline.left():
         i = min(missing)
-        raise TaskFailed('/job:%s/task:%d (%s) did not come up within %g s'
-                         % (job, i, addresses[i], timeout))
+        raise TaskFailed('/job:%s/task:%d (%s) did not come up %s'
+                         % (job, i, addresses[i], deadline))

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import liveness, probes
-from ps_cluster.deadlines import poll
+from ps_cluster.deadlines import Deadline, poll
 
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
@@ -60,7 +60,8 @@ class PsTask:
         workers to read.
         """
         sess, workers = self.sess, self.workers
-        deadline = time.time() + startup_timeout + STARTUP_GRACE_SECS
+        deadline = Deadline(startup_timeout, '--startup_timeout',
+                            STARTUP_GRACE_SECS)
         last = np.zeros(len(workers), np.int64)
         heard = np.full(len(workers), np.nan)  # when each counter last moved
         gone = np.zeros(len(workers), bool)
@@ -88,4 +89,4 @@ class PsTask:
                         zip(left, sess.run(self.reasons)[left])]
             probes.fail_if_late('worker', workers,
                                 set(np.flatnonzero(np.isnan(heard))),
-                                deadline, startup_timeout)
+                                deadline)

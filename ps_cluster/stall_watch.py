@@ -1,171 +1,145 @@
-"""A worker's failures, found by any thread, stored once and raised in its
-main thread; and the stall watch, the one thread that ends the worker
-itself when that thread, stuck in TensorFlow, does not raise one.
-
-The watch runs TensorFlow only within a deadline: a session run, even one
-with a timeout, can block for good on a frozen ps, and so can opening or
-closing a session.
-"""
+"""A worker's stall watch: a thread that stores a run that makes no step as
+the worker's failure, in the coordinator that holds every failure of its
+threads, and ends the worker only when its main thread stays stuck in
+TensorFlow with a failure stored."""
 
 import contextlib
-import sys
 import threading
 import time
 
+from ps_cluster import errors, liveness, probes
 from ps_cluster.deadlines import call_within
 from ps_cluster.exits import TaskFailed
 
 
-class StallWatch:
-    """This worker's failures, and its watch. fail(message), from any
-    thread, stores the first failure; the watch then calls unblock()
-    (closing the training session cancels the run the main thread waits
-    in), and the main thread raises it (raise_if_failed()). Only if the
-    worker still runs GRACE_SECS later does the watch end it itself, with
-    end.fail(message): its last resort. Once watch() is called, a global
-    step (step()) that has not moved for `ps_secs` while a ps task does not
-    answer (silent_ps()), or for `secs` whatever the cause, is a failure
-    too, naming the workers that do not beat (silent_workers()).
-    """
+class StallWatch(threading.Thread):
+    """Watches the main thread's calls into TensorFlow (calling()) and the
+    global step (step(), from the Watchdog). No failure stored: a call
+    during which the step has stood still for `secs`, or for `ps_secs`
+    while a ps task does not answer, is a failure, which names the ps
+    tasks that do not answer, else the workers whose beats stand still
+    (`place`, this worker's). A failure stored: the watch closes the
+    session the main thread runs in, which cancels the run, and the main
+    thread raises it; if the main thread is still inside the same call
+    GRACE_SECS later, the watch ends the worker (`end`), its last resort:
+    TensorFlow waits for a ps that is gone with no timeout as it opens a
+    session, and a frozen ps blocks even the closing. A lost ps's failure
+    closes nothing, and ends the worker only once `ps_secs` have
+    passed."""
 
-    POLL_SECS = 1
-    # How often a ps is called while steps stand still but it may answer.
-    PROBE_SECS = 5
-    CALL_SECS = 5
+    POLL_SECS = 0.5
+    # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
 
-    def __init__(self, secs, ps_secs, end):
-        self.secs, self.ps_secs, self.end = secs, ps_secs, end
-        self.silent_ps = self.silent_workers = self.unblock = None
-        # Written by every thread of the worker, read by the watch.
+    def __init__(self, coord, end, place, secs, ps_secs):
+        super().__init__(daemon=True, name='stall watch')
+        self.coord, self.end, self.place = coord, end, place
+        self.secs, self.ps_secs = secs, ps_secs
+        # The Watchdog writes the step, the main thread its call.
         self._lock = threading.Lock()
         self._step, self._moved = None, time.time()
-        # Where the main thread waits: (where, watch_ps, [check, every,
-        # when next] or None), innermost last.
-        self._where = [('a training run', True, None)]
-        self._failure = None
-        self._wake = threading.Event()
-        self._watching = self._closed = False
-        self._thread = threading.Thread(target=self._watch, daemon=True,
-                                        name='stall watch')
-
-    def start(self):
-        self._thread.start()
-
-    def close(self):
-        """Training is over: the watch ends, and the main thread raises
-        what fails from now on (a failure stored before may still end the
-        worker here, GRACE_SECS later)."""
-        with self._lock:
-            self._closed = True
-        self._wake.set()
-        self._thread.join()
-
-    def watch(self, silent_ps, silent_workers, unblock):
-        """From now on, a global step that stands still is a failure."""
-        with self._lock:
-            self.silent_ps, self.silent_workers = silent_ps, silent_workers
-            self.unblock = unblock
-            self._moved, self._watching = time.time(), True
-
-    def fail(self, message):
-        """Stores a failure, from any thread: the first one is the one
-        said."""
-        with self._lock:
-            self._failure = self._failure or message
-        self._wake.set()
-
-    def raise_if_failed(self):
-        """TaskFailed, in the main thread, if a failure is stored."""
-        with self._lock:
-            failure = self._failure
-        if failure:
-            raise TaskFailed(failure)
+        self._call, self._calls = None, 0
+        self._closed = threading.Event()
 
     def step(self, value):
-        """The global step as a thread of this worker just read it."""
+        """The global step as the Watchdog just read it."""
         with self._lock:
             if value != self._step:
                 self._step, self._moved = value, time.time()
 
     @contextlib.contextmanager
-    def waiting_in(self, where, watch_ps=True, check=None, every=None):
-        """Says where the main thread waits, until the block is done;
-        without watch_ps, a lost ps is the wait's own to time out. With
-        `check`, it is called (it may run TensorFlow) every `every` seconds
-        meanwhile: a message it returns is a failure."""
+    def calling(self, what, session=None, deadline=None):
+        """The main thread is inside a call into TensorFlow, `what`, until
+        the block ends; closing `session` cancels it. A call of a wait
+        with a `deadline` (a Deadline) is a failure once it has passed
+        while a ps task does not answer; one of none, once the step stands
+        still too long."""
         with self._lock:
-            self._where.append((where, watch_ps, check and [
-                check, every, time.time() + every]))
+            self._calls += 1
+            self._call = (self._calls, what, session, deadline, time.time())
         try:
             yield
         finally:
             with self._lock:
-                self._where.pop()
+                self._call = None
 
-    def _watch(self):
-        probed = 0
-        while True:
-            self._wake.wait(self.POLL_SECS)
-            self._wake.clear()
+    def close(self):
+        """Training is over: the main thread raises what fails now."""
+        self._closed.set()
+        self.join()
+
+    def run(self):
+        stuck = None  # (the call, since when)
+        while not self._closed.wait(self.POLL_SECS):
             with self._lock:
-                failure, closed = self._failure, self._closed
-                watching = self._watching and not closed
-                idle = time.time() - self._moved
-                where, watch_ps, check = self._where[-1]
-                due = check and time.time() >= check[2]
-                if due:
-                    check[2] = time.time() + check[1]
-                silent_ps, silent_workers = self.silent_ps, self.silent_workers
-            if closed:  # what fails from now on, the main thread raises
-                return
-            if failure:
-                self._last_resort(failure)
-                return
-            # A check probes each ps in turn: it may take its interval.
-            message = due and self._call(check[0], None, check[1])
-            if message:
-                self.fail(message)
-            elif watching and (idle > self.secs or (
-                    watch_ps and idle > self.ps_secs
-                    and time.time() - probed > self.PROBE_SECS)):
-                probed = time.time()
-                secs = self.secs if idle > self.secs else self.ps_secs
-                missing = self._call(silent_ps, [])
-                if missing:
-                    why = ', '.join(task + ' does not answer'
-                                    for task in missing)
-                elif idle > self.secs:
-                    why = 'missing: ' + (', '.join(
-                        self._call(silent_workers, ['unknown']))
-                        or 'none')
-                else:
-                    continue
-                with self._lock:
-                    closed = self._closed
-                if not closed:
-                    self.fail('training stalled: no new global step for %g '
-                              's, waiting in %s; %s' % (secs, where, why))
+                call, moved = self._call, self._moved
+            failure = errors.stored(self.coord)
+            if call and failure is None:
+                failure = self._stalled(call, moved)
+            lost = errors.is_lost(failure)
+            if call is None or failure is None:
+                stuck = None
+            elif stuck is None or stuck[0] != call:
+                stuck = call, time.time()
+                # A run on a lost ps fails by itself; closing would wait on
+                # the ps.
+                if call[2] is not None and not lost:
+                    self._within(call[2].close)
+            elif time.time() - stuck[1] > (self.ps_secs if lost
+                                           else self.GRACE_SECS):
+                self.end.fail(self._line(failure))  # it ends the worker
 
-    def _last_resort(self, failure):
-        """Unblocks the main thread, which raises the failure and ends the
-        worker; or, if it has not within GRACE_SECS, ends it."""
-        deadline = time.time() + self.GRACE_SECS
-        with self._lock:
-            unblock = self.unblock
-        if unblock:
-            self._call(unblock, None, self.GRACE_SECS)
-        time.sleep(max(0, deadline - time.time()))
-        self.end.fail(failure)  # it ends the worker
+    def _stalled(self, call, moved):
+        """The failure, stored, if the step has stood still too long during
+        the call: a TaskFailed that names why; else None. A coordinator
+        stopped already, as the session closes, stores none, but the watch
+        acts on it all the same."""
+        _, what, _, deadline, entered = call
+        idle = time.time() - max(moved, entered)
+        if deadline and deadline.left() or not deadline and idle <= min(
+                self.secs, self.ps_secs):
+            return None
+        silent = self._within(probes.silent, self.place.cluster, 'ps') or []
+        if deadline:
+            return self._store('lost the connection to %s, waiting in %s: '
+                               'not done %s' % (self.place.task(
+                                   'ps', silent[0]), what, deadline)
+                               ) if silent else None
+        if silent:
+            why = ', '.join(self.place.task('ps', i) + ' does not answer'
+                            for i in silent)
+        if idle > self.secs:
+            secs, flag = self.secs, '--stall_timeout'
+            if not silent:
+                workers = self._within(liveness.silent_workers, self.place)
+                why = 'missing: ' + (', '.join(
+                    ['unknown'] if workers is None else workers) or 'none')
+        elif silent:
+            secs, flag = self.ps_secs, '--ps_timeout'
+        else:
+            return None
+        return self._store('training stalled: no new global step for %g s '
+                           '(%s), waiting in %s; %s' % (secs, flag, what, why))
 
-    def _call(self, function, otherwise, secs=None):
-        """function(), or otherwise if it takes more than secs (CALL_SECS:
-        it may meet a frozen ps too) or fails."""
+    def _line(self, failure):
+        """What the worker ends with: a lost ps's, once the wait for it is
+        over."""
+        if not errors.is_lost(failure):
+            return errors.what_went_wrong(failure)
+        return '%s, which did not come back within %g s (--ps_timeout)' % (
+            errors.lost_connection(
+                self.place.cluster, failure, ('worker', self.place.index),
+                self._within(probes.silent, self.place.cluster, 'ps') or ()),
+            self.ps_secs)
+
+    def _store(self, message):
+        errors.fail(self.coord, message)
+        return TaskFailed(message)
+
+    def _within(self, function, *args):
+        """function(*args), or None if it blocks past POLL_SECS * 10 (a
+        frozen ps) or fails."""
         try:
-            return call_within(secs or self.CALL_SECS, function)
-        except TimeoutError:
-            return otherwise
-        except Exception as e:  # none expected: said, and the watch goes on
-            print('stall watch: %s failed: %s' % (function.__name__, e),
-                  file=sys.stderr, flush=True)
-            return otherwise
+            return call_within(self.POLL_SECS * 10, function, *args)
+        except Exception:  # none expected: the watch goes on
+            return None

@@ -1,8 +1,8 @@
 """Which tasks live (ps_cluster/liveness.py): in-process, with servers of
 one cluster in the test's own process, the counters' places, a worker's
 LEFT and its reason told to every ps that answers, and a worker's Watchdog,
-which ends it on a ps's farewell or on a chief that left before the model,
-waits for the others and names the silent ones. In a cluster of processes:
+which stores a ps's farewell as its failure, reads why a chief left,
+waits for the others; and the silent workers named. In a cluster of processes:
 many workers complete, their cost per worker flat (bench/bench_scale.py
 measures it); a worker lost, and the others go on; a worker that fails at
 start-up says why to the others.
@@ -26,7 +26,8 @@ from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster import errors, liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster.deadlines import Deadline  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
@@ -114,15 +115,16 @@ def test_say_left_marks_no_left_without_its_reason(shared_cluster):
     assert on_ps(cluster, 0, lambda beats, *_: beats).tolist() == [0, 0]
 
 
-class Stall:
-    """What a Watchdog hands the StallWatch: failures, and the global steps
-    it reads."""
+class Watch:
+    """What a Watchdog tells the StallWatch: the global steps it reads, and
+    the main thread's calls."""
 
-    def __init__(self, on_failure, on_step):
-        self.fail, self.step = on_failure, on_step or (lambda step: None)
+    def __init__(self, on_step):
+        self.step = on_step or (lambda step: None)
 
-    def raise_if_failed(self):
-        pass
+    @contextlib.contextmanager
+    def calling(self, what, session=None, deadline=None):
+        yield
 
 
 class Tokens:
@@ -133,7 +135,7 @@ class Tokens:
 
 
 @contextlib.contextmanager
-def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
+def watchdog(cluster, index, startup_timeout=10, on_step=None,
              on_departure=None, training=False):
     """Worker `index`'s Watchdog, on a server of its own, beside the
     Supervisor of a model that is its global step alone; with `training`,
@@ -150,7 +152,8 @@ def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
                                  init_op=tf.global_variables_initializer())
     dog = liveness.Watchdog(sv, worker, config,
                             sources.Place(cluster, 'worker', index),
-                            startup_timeout, Stall(on_failure, on_step),
+                            Watch(on_step),
+                            Deadline(startup_timeout, '--startup_timeout'),
                             on_departure and Tokens(on_departure))
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:
@@ -160,9 +163,18 @@ def watchdog(cluster, index, on_failure, startup_timeout=10, on_step=None,
         yield dog
     finally:
         sv.request_stop()
-        sv.stop()
+        try:
+            sv.stop()
+        except TaskFailed:  # the failure the test read
+            pass
         dog.session.close()
         sess.close()
+
+
+def stored_failure(dog):
+    """The failure the Watchdog stored in its coordinator, once it has."""
+    assert dog.sv.coord.wait_for_stop(10)
+    return errors.stored(dog.sv.coord).message
 
 
 def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
@@ -170,40 +182,39 @@ def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
     cluster = shared_cluster(1, 2)
     start(cluster, 'ps', 0)  # which sets up no counters
     with pytest.raises(TaskFailed) as failed:
-        with watchdog(cluster, 1, print, startup_timeout=0.5):
+        with watchdog(cluster, 1, startup_timeout=0.5):
             pass
     assert failed.value.message == ('the ps tasks did not set up their '
-                                    'liveness counters within 0.5 s')
+                                    'liveness counters within 0.5 s '
+                                    '(--startup_timeout)')
 
 
 def test_a_ps_farewell_ends_the_worker_quoting_it(shared_cluster):
     cluster = shared_cluster(1, 2)
     ps = start_ps(cluster, 0)
-    failures = queue.Queue()
-    with watchdog(cluster, 0, failures.put):
+    with watchdog(cluster, 0) as dog:
         ps.tell_workers('the ps was told to stop', 1)
-        assert failures.get(timeout=10) == (
+        assert stored_failure(dog) == (
             'lost the connection to /job:ps/task:0 (%s), which ended: '
             '"the ps was told to stop"' % cluster.task_address('ps', 0))
 
 
-def test_a_chief_that_left_before_the_model_ends_a_waiting_worker(
-        shared_cluster):
+def test_a_waiting_worker_reads_why_the_chief_left(shared_cluster):
+    # Its main thread, waiting for the model, then quotes it
+    # (test_recoverable_session.py).
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
-    failures = queue.Queue()
-    with watchdog(cluster, 1, failures.put):
+    with watchdog(cluster, 1) as dog:
+        assert dog.chief_left() is None
         liveness.say_left(cluster, 0, 'bad data')
-        assert failures.get(timeout=10) == (
-            'the chief, /job:worker/task:0 (%s), went away before the model '
-            'was ready: "bad data"' % cluster.task_address('worker', 0))
+        assert dog.chief_left() == 'bad data'
 
 
 def test_the_watched_training_tells_each_global_step_it_reads(shared_cluster):
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     steps = queue.Queue()
-    with watchdog(cluster, 1, print, on_step=steps.put, training=True):
+    with watchdog(cluster, 1, on_step=steps.put, training=True):
         assert steps.get(timeout=10) == 0
 
 
@@ -221,7 +232,7 @@ def test_a_worker_that_left_during_training_is_named_once(shared_cluster,
         asked.put(True)
         return True
 
-    with watchdog(cluster, 0, print, on_step=steps.put, on_departure=is_gone,
+    with watchdog(cluster, 0, on_step=steps.put, on_departure=is_gone,
                   training=True) as dog:
         liveness.say_left(cluster, 1, 'bad data')
         asked.get(timeout=10)
@@ -240,7 +251,7 @@ def test_a_worker_that_left_during_training_is_named_once(shared_cluster,
 def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
-    with watchdog(cluster, 0, print) as dog:
+    with watchdog(cluster, 0) as dog:
         beat(cluster, 1)
         waiting = threading.Thread(target=dog.wait_for_the_others,
                                    daemon=True)
@@ -258,7 +269,7 @@ def test_wait_for_the_others_gives_up_on_a_silent_worker(shared_cluster,
     monkeypatch.setattr(liveness, 'GONE_SECS', 0.5)
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
-    with watchdog(cluster, 0, print) as dog:
+    with watchdog(cluster, 0) as dog:
         waiting = threading.Thread(target=dog.wait_for_the_others,
                                    daemon=True)
         waiting.start()
@@ -271,8 +282,8 @@ def test_silent_workers_names_the_others_whose_counters_stand(shared_cluster):
     cluster = shared_cluster(1, 4)
     start_ps(cluster, 0)
     done(cluster, 2)
-    with beating(cluster, 3), watchdog(cluster, 0, print) as dog:
-        assert dog.silent_workers() == [
+    with beating(cluster, 3):
+        assert liveness.silent_workers(sources.Place(cluster, 'worker', 0)) == [
             '/job:worker/task:1 (%s)' % cluster.task_address('worker', 1)]
 
 

@@ -108,8 +108,8 @@ def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(
     # The grace is the ps's own: the line names the workers' timeout.
     assert time.time() - started >= 0.5 + 0.5
     assert failed.value.message == (
-        '/job:worker/task:1 (%s) did not come up within 0.5 s'
-        % cluster.task_address('worker', 1))
+        '/job:worker/task:1 (%s) did not come up within 0.5 s '
+        '(--startup_timeout)' % cluster.task_address('worker', 1))
 
 
 def test_the_farewell_waits_for_a_beating_worker_no_longer_than_secs(
@@ -135,8 +135,8 @@ def test_worker_that_never_came_ends_every_task(procs, free_ports,
         procs.script('sync', 'worker', i, ports[:1], ports[1:], *flags)
         for i in (0, 1)]
     procs.wait_all(tasks, START_UP)
-    missing = '/job:worker/task:2 (localhost:%d) did not come up within 10 s' \
-        % ports[3]
+    missing = ('/job:worker/task:2 (localhost:%d) did not come up within 10 '
+               's (--startup_timeout)' % ports[3])
     assert_one_error_line(procs, tasks[0], 1, missing)
     for worker in tasks[1:]:
         assert_one_error_line(procs, worker, 1, 'which ended: "%s"' % missing)

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import warnings
 
@@ -27,7 +28,7 @@ from conftest import (FINAL_STEP, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import liveness, server  # noqa: E402
+from ps_cluster import errors, liveness, server  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.ps_task import PsTask  # noqa: E402
 from ps_cluster.recoverable_session import RecoverableSession  # noqa: E402
@@ -62,76 +63,113 @@ class Died:
         self.fail = died.append
 
 
-def recoverable_session(cluster, died, startup_timeout=10, hooks=()):
-    """What the chief of the scripts builds, in a graph of its own (the
-    model, of 4 pixels and 2 classes, under replica_device_setter, and the
-    Supervisor), and its RecoverableSession, opened by the chief's own
-    server, with `hooks`; a failure the stall watch ends the worker with
-    goes to died. Returns the session and the training step."""
-    chief = small_model.server(cluster, 'worker', 0)
+def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
+                        index=0):
+    """What worker `index` (the chief) of the scripts builds, in a graph of
+    its own (the model, of 4 pixels and 2 classes, under
+    replica_device_setter, and the Supervisor), and its RecoverableSession,
+    opened by its own server, with `hooks`; a failure the stall watch ends
+    the worker with goes to died. Returns the session, the Supervisor and
+    the training step."""
+    worker = small_model.server(cluster, 'worker', index)
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
-                worker_device='/job:worker/task:0', cluster=cluster)):
+                worker_device='/job:worker/task:%d' % index,
+                cluster=cluster)):
             global_step, loss = step_and_loss()
             train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
                 loss, global_step=global_step)
         sv = tf.train.Supervisor(
-            is_chief=True, init_op=tf.global_variables_initializer(),
+            is_chief=index == 0, init_op=tf.global_variables_initializer(),
             global_step=global_step,
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0)
-        place = Place(cluster, 'worker', 0)
-        stall = StallWatch(60, 10, Died(died))
-        creator = SessionCreator(sv, chief,
-                                 server.session_config('worker', 0, 1.0),
-                                 place, None, startup_timeout, stall)
-        sess = RecoverableSession(creator, list(hooks), 10).open()
-    return sess, train_op
+        place = Place(cluster, 'worker', index)
+        watch = StallWatch(sv.coord, Died(died), place, 60, 10)
+        watch.start()
+        creator = SessionCreator(sv, worker,
+                                 server.session_config('worker', index, 1.0),
+                                 place, list(hooks), watch, startup_timeout,
+                                 10)
+        sess = RecoverableSession(creator).open()
+    return sess, sv, train_op
 
 
 def test_the_chief_opens_the_session_once_the_ps_is_up_and_trains(ps,
                                                                   capsys):
     died = []
-    sess, train_op = recoverable_session(ps.place.cluster, died)
+    sess, sv, train_op = recoverable_session(ps.place.cluster, died)
     assert capsys.readouterr().out == 'worker=0: initialized the model\n'
     for _ in range(3):
         sess.run(train_op)
-    assert sess.run(sess.sv.global_step) == 3
+    assert sess.run(sv.global_step) == 3
     sess.close()
     assert died == []
 
 
 class Hook(tf.train.SessionRunHook):
     def __init__(self):
-        self.created = []
+        self.created, self.runs = [], 0
 
     def after_create_session(self, session, coord):
         self.created.append((session, coord))
 
+    def after_run(self, run_context, run_values):
+        self.runs += 1
 
-def test_the_hooks_are_called_once_the_first_run_has_read_the_start(ps):
+
+def test_the_hooks_have_run_as_the_session_is_created(ps):
     hook = Hook()
-    sess, _ = recoverable_session(ps.place.cluster, [], hooks=[hook])
-    # Not before: the sync chief's updates would move the step it reads.
-    assert hook.created == []
-    assert sess.run(sess.sv.global_step) == 0
-    assert hook.created == [(sess.session, sess.sv.coord)]
-    sess.run(sess.sv.global_step)
-    assert len(hook.created) == 1
+    sess, sv, _ = recoverable_session(ps.place.cluster, [], hooks=[hook])
+    assert hook.created == [(sess.session.session, sv.coord)]
+    # And after each run, once it has returned.
+    assert sess.run(sv.global_step) == 0
+    sess.run(sv.global_step)
+    assert hook.runs == 2 and len(hook.created) == 1
     sess.close()
 
 
 def test_close_ends_the_supervisors_threads_and_marks_the_worker_done(ps):
     died = []
-    sess, _ = recoverable_session(ps.place.cluster, died)
+    sess, sv, _ = recoverable_session(ps.place.cluster, died)
     # The chief beats from the start; worker 1 never came.
     [chief_beats, worker_beats] = ps.sess.run(ps.beats)
     assert chief_beats > 0 and worker_beats == 0
     sess.close()
-    assert sess.sv.coord.should_stop() and not sess.watchdog.is_alive()
+    assert sv.coord.should_stop() and not sess.session.watchdog.is_alive()
     assert list(ps.sess.run(ps.beats)) == [liveness.DONE, 0]
     with pytest.raises(RuntimeError, match='closed Session'):
-        sess.run(sess.sv.global_step)
+        sess.run(sv.global_step)
+    assert died == []
+
+
+def test_a_failure_a_thread_stores_is_raised_by_the_next_run(ps):
+    died = []
+    sess, sv, train_op = recoverable_session(ps.place.cluster, died)
+    sess.run(train_op)
+    errors.fail(sv.coord, 'the chief went away')
+    with pytest.raises(TaskFailed, match='^the chief went away$'):
+        sess.run(train_op)
+    # And by close(), which marks nothing done.
+    with pytest.raises(TaskFailed, match='^the chief went away$'):
+        sess.close()
+    assert died == []
+
+
+def test_a_chief_gone_while_a_worker_opens_is_raised_by_its_main_thread(ps):
+    # Worker 1 waits for the model, which the chief never makes: it left,
+    # and says why on the ps. The worker's Watchdog stores it; the main
+    # thread leaves its wait and raises it; the stall watch ends nothing.
+    threading.Timer(2, liveness.say_left, (ps.place.cluster, 0,
+                                           'bad data')).start()
+    died = []
+    with pytest.raises(TaskFailed) as failed:
+        recoverable_session(ps.place.cluster, died, startup_timeout=60,
+                            index=1)
+    assert failed.value.message == (
+        'the chief, /job:worker/task:0 (%s), went away before the model was '
+        'ready: "bad data"' % ps.place.cluster.task_address('worker', 0))
+    assert threading.current_thread() is threading.main_thread()
     assert died == []
 
 
@@ -144,7 +182,7 @@ def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
         recoverable_session(cluster, died, startup_timeout=1)
     assert time.time() - started >= 1
     assert failed.value.message == (
-        '/job:ps/task:0 (%s) did not come up within 1 s'
+        '/job:ps/task:0 (%s) did not come up within 1 s (--startup_timeout)'
         % cluster.task_address('ps', 0))
     assert died == []
 

@@ -7,6 +7,8 @@ checkpoint that cannot be restored ends every worker (restoring and joining
 the live model there: test_logdir.py and test_recoverable_session.py)."""
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -16,7 +18,10 @@ from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import server, session_start  # noqa: E402
+from ps_cluster import errors, server, session_start  # noqa: E402
+from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.sources import Place  # noqa: E402
+from ps_cluster.stall_watch import StallWatch  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 import small_model  # noqa: E402
@@ -58,11 +63,12 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     """session_start.open_session() as worker `index` calls it, on its own
     server, its model's graph the default one, as in its own process."""
     spec, servers = cluster
+    watch = StallWatch(sv.coord, None, Place(spec, 'worker', index), 60, 60)
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
-            server.session_config('worker', index, 1.0), spec, logdir,
-            timeout, reopened)
+            server.session_config('worker', index, 1.0), spec, watch,
+            Deadline(timeout, '--startup_timeout'), logdir, reopened)
 
 
 def is_live(cluster):
@@ -171,7 +177,19 @@ def test_a_worker_whose_chief_never_initializes_the_model_fails(cluster):
     sv.stop()
     assert failed.value.message == (
         'the chief, /job:worker/task:0 (%s), did not initialize the model '
-        'within 1 s' % cluster[0].task_address('worker', 0))
+        'within 1 s (--startup_timeout)' % cluster[0].task_address('worker',
+                                                                  0))
+
+
+def test_a_worker_waiting_for_the_model_raises_a_failure_stored(cluster):
+    # The chief went away, as a worker's Watchdog finds: the main thread
+    # leaves its wait and raises it, well before the timeout.
+    sv, _ = supervisor(cluster[0], 1)
+    threading.Timer(1, errors.fail, (sv.coord, 'the chief went away')).start()
+    started = time.time()
+    with pytest.raises(TaskFailed, match='^the chief went away$'):
+        open_session(cluster, sv, 1, timeout=60)
+    assert time.time() - started < 10
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
-"""The stall watch (ps_cluster/stall_watch.py): in-process, its decisions
-and the line it ends a worker with, for a failure handed over, a step that
-stands still, a ps or a worker that is silent; and the cluster test of what
-only a cluster shows: a run that makes no step, or that lost a ps for good,
-ends every worker, naming why."""
+"""The stall watch (ps_cluster/stall_watch.py): in-process, what it stores
+and when it ends a worker: a failure stored while the main thread runs
+Python is the main thread's to raise; one stored while it is inside a call
+into TensorFlow closes the call's session, and ends the worker only if the
+call still has not returned GRACE_SECS later; a step that stands still
+during a call is a failure that names a silent ps or the silent workers.
+And the cluster test of what only a cluster shows: a run that makes no
+step, or that lost a ps for good, ends every worker, naming why."""
 
 import os
 import queue
@@ -15,11 +18,19 @@ import pytest
 
 from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
                       assert_one_error_line, ps_port)
-from ps_cluster.exits import TaskFailed
-from ps_cluster.stall_watch import StallWatch
 
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import errors, liveness, probes  # noqa: E402
+from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.sources import Place  # noqa: E402
+from ps_cluster.stall_watch import StallWatch  # noqa: E402
+
+CLUSTER = tf.train.ClusterSpec({'ps': ['localhost:1', 'localhost:2'],
+                                'worker': ['localhost:3', 'localhost:4']})
 PS = '/job:ps/task:0 (localhost:1)'
-WORKER = '/job:worker/task:1 (localhost:3)'
+WORKER = '/job:worker/task:1 (localhost:4)'
 
 
 class Die:
@@ -38,164 +49,179 @@ class Die:
         return self.said.get(timeout=5)
 
 
+class Session:
+    """A session the main thread is stuck in: close() is counted, and
+    frees the call if `cancels`."""
+
+    def __init__(self, cancels):
+        self.cancels, self.closed = cancels, threading.Event()
+
+    def close(self):
+        self.closed.set()
+
+
 @pytest.fixture
 def die(monkeypatch):
     monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.02)
-    monkeypatch.setattr(StallWatch, 'PROBE_SECS', 0.05)
-    monkeypatch.setattr(StallWatch, 'CALL_SECS', 0.1)
-    monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.05)
+    monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.1)
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [])
+    monkeypatch.setattr(liveness, 'silent_workers', lambda place: [WORKER])
     return Die()
 
 
-def started(*args):
-    watch = StallWatch(*args)
+def started(die, secs=60, ps_secs=60):
+    watch = StallWatch(tf.train.Coordinator(), die,
+                       Place(CLUSTER, 'worker', 0), secs, ps_secs)
     watch.start()
     return watch
 
 
-def test_a_failure_handed_over_ends_the_worker_at_once(die, monkeypatch):
-    # Not at the next poll: at once, and before watch().
-    monkeypatch.setattr(StallWatch, 'POLL_SECS', 60)
-    watch = started(60, 60, die)
-    watch.fail('the data ran out')
-    watch.fail('lost the connection to ' + PS)
-    assert die.first() == 'the data ran out'
+def test_a_failure_stored_while_the_main_thread_runs_python_is_its_own(die):
+    watch = started(die)
+    errors.fail(watch.coord, 'the chief went away')
+    errors.fail(watch.coord, 'lost the connection to ' + PS)
+    time.sleep(0.5)  # many polls, past the grace
+    assert die.said.empty()
+    # The first stored is the one the main thread raises.
+    assert errors.stored(watch.coord).message == 'the chief went away'
+    watch.close()
 
 
-def test_a_failure_is_raised_in_the_main_thread_once_it_is_unblocked(die):
-    unblocked = threading.Event()
-    watch = started(60, 60, die)
-    watch.watch(lambda: [], lambda: [], unblocked.set)
-    watch.raise_if_failed()  # none yet
-    watch.fail('the data ran out')
-    # The main thread's session run, cancelled by unblock(), raises it.
-    assert unblocked.wait(5)
-    with pytest.raises(TaskFailed, match='^the data ran out$'):
-        watch.raise_if_failed()
-    # The main thread did not end the worker: the last resort does.
-    assert die.first() == 'the data ran out'
+def test_a_failure_stored_during_a_call_closes_its_session(die):
+    watch = started(die)
+    session = Session(cancels=True)
+    with watch.calling('a training run', session):
+        errors.fail(watch.coord, 'the data ran out')
+        assert session.closed.wait(5)
+    # The call returned: the main thread raises the failure, not the watch.
+    time.sleep(0.5)
+    assert die.said.empty()
+    watch.close()
 
 
-def test_a_check_while_waiting_that_returns_a_message_is_a_failure(die):
-    watch = started(60, 60, die)
-    answers = iter([None, 'lost the connection to ' + PS])
-    with watch.waiting_in('opening a session', True, lambda: next(answers),
-                          0.05):
-        assert die.first() == 'lost the connection to ' + PS
+def test_a_call_still_stuck_after_the_grace_ends_the_worker(die):
+    watch = started(die)
+    session = Session(cancels=False)
+    with watch.calling('a training run', session):
+        errors.fail(watch.coord, 'the data ran out')
+        assert die.first() == 'the data ran out'
+    assert session.closed.is_set()
 
 
-def test_before_watch_a_standing_step_ends_nothing(die):
-    watch = started(0.05, 0.05, die)
-    watch.step(3)
-    time.sleep(0.3)  # many polls, past secs
-    watch.fail('over')
-    assert die.first() == 'over'
+def test_a_lost_ps_stored_closes_nothing_and_ends_after_ps_secs(die):
+    # The run on the lost ps fails by itself; closing would wait on it.
+    watch = started(die, ps_secs=0.5)
+    session = Session(cancels=False)
+    with watch.calling('a training run', session):
+        try:
+            raise tf.errors.UnavailableError(None, None, 'Socket closed')
+        except tf.errors.UnavailableError as e:
+            watch.coord.request_stop(e)
+        started_at = time.time()
+        assert die.first() == (
+            'lost the connection to a ps task (localhost:1,localhost:2), '
+            'which did not come back within 0.5 s (--ps_timeout)')
+        assert time.time() - started_at >= 0.5
+    assert not session.closed.is_set()
 
 
 @pytest.mark.parametrize('silent_workers, missing', [
     ([WORKER], WORKER), ([], 'none')])
-def test_no_step_for_secs_ends_the_worker_naming_the_silent_workers(
-        die, silent_workers, missing):
-    watch = started(0.2, 60, die)
-    with watch.waiting_in('the sync token queue'):
-        watch.watch(lambda: [], lambda: silent_workers, None)
+def test_no_step_for_secs_during_a_call_names_the_silent_workers(
+        die, monkeypatch, silent_workers, missing):
+    monkeypatch.setattr(liveness, 'silent_workers',
+                        lambda place: silent_workers)
+    watch = started(die, secs=0.2)
+    with watch.calling('the sync token queue'):
+        line = die.first()
+    assert line == (
+        'training stalled: no new global step for 0.2 s (--stall_timeout), '
+        'waiting in the sync token queue; missing: ' + missing)
+    assert errors.stored(watch.coord).message == line
+
+
+def test_a_silent_ps_is_named_after_ps_secs(die, monkeypatch):
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0, 1])
+    watch = started(die, ps_secs=0.1)
+    with watch.calling('opening a session'):
         assert die.first() == (
-            'training stalled: no new global step for 0.2 s, waiting in '
-            'the sync token queue; missing: ' + missing)
+            'training stalled: no new global step for 0.1 s (--ps_timeout), '
+            'waiting in opening a session; ' + PS + ' does not answer, '
+            '/job:ps/task:1 (localhost:2) does not answer')
 
 
-def test_a_silent_ps_is_named_after_ps_secs(die):
-    watch = started(60, 0.1, die)
-    # A wait that is over says nothing any more.
-    with watch.waiting_in('opening a session', watch_ps=False):
-        pass
-    watch.watch(lambda: [PS, '/job:ps/task:1 (localhost:2)'], lambda: [],
-                None)
-    assert die.first() == (
-        'training stalled: no new global step for 0.1 s, waiting in a '
-        'training run; ' + PS + ' does not answer, /job:ps/task:1 '
-        '(localhost:2) does not answer')
-
-
-def test_a_wait_without_watch_ps_leaves_a_lost_ps_to_the_wait(die):
-    watch = started(0.4, 0.05, die)
-    with watch.waiting_in('opening a session', watch_ps=False):
-        watch.watch(lambda: [PS], lambda: [], None)
-        # Not after ps_secs: after secs, which the line says.
+def test_a_call_past_its_waits_deadline_with_a_silent_ps_lost_it(
+        die, monkeypatch):
+    silent = []
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: silent)
+    watch = started(die, secs=0.05, ps_secs=0.05)
+    with watch.calling('the first beat',
+                       deadline=Deadline(0.3, '--startup_timeout')):
+        # Neither the stall rules, nor the deadline while the ps answers.
+        time.sleep(0.6)
+        assert errors.stored(watch.coord) is None
+        silent.append(0)
         assert die.first() == (
-            'training stalled: no new global step for 0.4 s, waiting in '
-            'opening a session; ' + PS + ' does not answer')
+            'lost the connection to ' + PS + ', waiting in the first beat: '
+            'not done within 0.3 s (--startup_timeout)')
+
+
+def test_outside_a_call_a_standing_step_ends_nothing(die):
+    watch = started(die, secs=0.05, ps_secs=0.05)
+    watch.step(3)
+    time.sleep(0.5)  # many polls, past secs: a wait of the main thread's
+    assert die.said.empty() and errors.stored(watch.coord) is None
+    watch.close()
 
 
 def test_steps_that_move_keep_the_watch_quiet(die):
-    watch = started(1, 1, die)
-    watch.watch(lambda: [PS], lambda: [WORKER], None)
-    deadline = time.monotonic() + 2
-    step = 0
-    while time.monotonic() < deadline:
-        step += 1
-        watch.step(step)
-        time.sleep(0.01)
-    watch.fail('over')
-    assert die.first() == 'over'
+    watch = started(die, secs=1, ps_secs=1)
+    with watch.calling('a training run'):
+        deadline = time.monotonic() + 2
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            watch.step(step)
+            time.sleep(0.01)
+        assert errors.stored(watch.coord) is None
+    watch.close()
 
 
 def test_a_step_read_again_has_not_moved(die):
-    watch = started(0.2, 60, die)
-    watch.watch(lambda: [], lambda: [WORKER], None)
-    deadline = time.monotonic() + 5
-    while die.said.empty() and time.monotonic() < deadline:
-        watch.step(7)
-        time.sleep(0.01)
-    assert die.first() == (
-        'training stalled: no new global step for 0.2 s, waiting in a '
-        'training run; missing: ' + WORKER)
-
-
-def test_after_close_a_stall_ends_nothing_and_a_failure_is_raised(die):
-    watch = started(0.05, 0.05, die)
-    watch.watch(lambda: [PS], lambda: [WORKER], None)
-    watch.close()
-    time.sleep(0.3)  # many polls, past secs
-    watch.fail('the chief ended: "interrupted"')
-    # The main thread's, now: the watch ends nothing.
-    with pytest.raises(TaskFailed, match='the chief ended'):
-        watch.raise_if_failed()
-    assert die.said.empty()
-
-
-def test_close_while_a_ps_is_called_ends_nothing(die, monkeypatch):
-    # The call answers, late: it names the ps after close().
-    monkeypatch.setattr(StallWatch, 'CALL_SECS', 60)
-    called, answer = threading.Event(), threading.Event()
-
-    def silent_ps():
-        called.set()
-        answer.wait()
-        return [PS]
-    watch = started(60, 0.05, die)
-    watch.watch(silent_ps, lambda: [], None)
-    assert called.wait(5)
-    closing = threading.Thread(target=watch.close)
-    closing.start()
-    while not watch._closed:  # close() said, before the answer comes
-        time.sleep(0.01)
-    answer.set()
-    closing.join(5)
-    assert not closing.is_alive()
-    watch.raise_if_failed()  # nothing stored
-    assert die.said.empty()
-
-
-def test_calls_that_block_past_call_secs_are_given_up_on(die):
-    frozen = threading.Event()  # a frozen ps, thawed when the test is done
-    watch = started(0.3, 0.05, die)
-    try:
-        watch.watch(frozen.wait, frozen.wait, None)
-        # The ps given up on counts as answering; the workers as unknown.
+    watch = started(die, secs=0.2)
+    with watch.calling('a training run'):
+        deadline = time.monotonic() + 5
+        while die.said.empty() and time.monotonic() < deadline:
+            watch.step(7)
+            time.sleep(0.01)
         assert die.first() == (
-            'training stalled: no new global step for 0.3 s, waiting in a '
-            'training run; missing: unknown')
+            'training stalled: no new global step for 0.2 s '
+            '(--stall_timeout), waiting in a training run; missing: '
+            + WORKER)
+
+
+def test_after_close_nothing_is_stored_or_ended(die):
+    watch = started(die, secs=0.05, ps_secs=0.05)
+    watch.close()
+    with watch.calling('a training run'):
+        time.sleep(0.3)  # many polls, past secs
+    assert die.said.empty() and errors.stored(watch.coord) is None
+
+
+def test_probes_that_block_are_given_up_on(die, monkeypatch):
+    frozen = threading.Event()  # a frozen ps, thawed when the test is done
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: frozen.wait())
+    monkeypatch.setattr(liveness, 'silent_workers',
+                        lambda place: frozen.wait())
+    watch = started(die, secs=0.3, ps_secs=0.05)
+    try:
+        with watch.calling('a training run'):
+            # The ps given up on counts as answering; the workers as
+            # unknown.
+            assert die.first() == (
+                'training stalled: no new global step for 0.3 s '
+                '(--stall_timeout), waiting in a training run; missing: '
+                'unknown')
     finally:
         # Threads left in a call would hold the interpreter's exit.
         frozen.set()
@@ -255,7 +281,8 @@ def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
             assert_clean_exit(procs, worker, 1)
             last = procs.stderr(worker).splitlines()[-1]
             assert last == ('/job:worker/task:%d: error: lost the connection '
-                            'to /job:ps/task:0 (localhost:%d)'
+                            'to /job:ps/task:0 (localhost:%d), which did not '
+                            'come back within 5 s (--ps_timeout)'
                             % (i, ps_port(lost_ps)))
 
     procs.wait_all(workers + [ps], START_UP, since=stopped)

@@ -98,8 +98,7 @@ def test_a_worker_done_leaves_a_token_for_every_worker(chief):
 
 
 def test_freeing_a_waiting_worker_puts_in_one_token(chief):
-    # What a sync worker's Watchdog runs while its Supervisor's threads
-    # stopped on a lost ps.
+    # What the chief puts back for a worker gone.
     _, sess, ops = chief
     sess.run(ops['worker'].add_token_op)
     assert sess.run(ops['tokens']) == 1
@@ -107,16 +106,22 @@ def test_freeing_a_waiting_worker_puts_in_one_token(chief):
 
 def test_the_chiefs_updates_apply_each_gradient_and_hand_out_tokens(chief):
     sv, sess, ops = chief
-    # As the chief's RecoverableSession calls its hooks in a new session.
+    # As the chief's SessionCreator calls its hooks in a new session: the
+    # updates start, the first tokens wait for the chief's first run.
     ops['running'].after_create_session(sess, sv.coord)
-    # The first step's token: one per gradient an update.
-    assert sess.run(ops['tokens']) == 1
+    assert sess.run(ops['tokens']) == 0
     sess.run(ops['train_op'])
-    # The loop applies the chief's gradient, and a token for each worker.
+    ops['running'].after_run(tf.train.SessionRunContext(None, sess), None)
+    # The loop applied the chief's gradient, and put in a token for each
+    # worker, of which the chief took one; then the first tokens, one per
+    # gradient an update.
     deadline = time.time() + 10
     while sess.run(ops['tokens']) != NUM_WORKERS and time.time() < deadline:
         time.sleep(0.05)
     assert sess.run([sv.global_step, ops['tokens']]) == [1, NUM_WORKERS]
+    # Once a session.
+    ops['running'].after_run(tf.train.SessionRunContext(None, sess), None)
+    assert sess.run(ops['tokens']) == NUM_WORKERS
 
 
 @pytest.mark.slow
