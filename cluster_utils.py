@@ -101,6 +101,12 @@ flags.DEFINE_float('worker_timeout', 120,
                    'Seconds a ps waits for workers that fell silent (a '
                    'network cut, a rebooting node) before it leaves a run '
                    'that every other worker has left.')
+flags.DEFINE_float('preemption_grace', 20,
+                   'Seconds a task given SIGTERM (a scheduler preempting it) '
+                   'takes to save what would be lost: the chief saves the '
+                   'model, a ps waits for the chief\'s save; below '
+                   'Kubernetes\' terminationGracePeriodSeconds and Slurm\'s '
+                   'KillWait (30 s by default).')
 flags.DEFINE_string('export_dir', None,
                     'Where the chief, once training ends, or an evaluator, '
                     'once it has measured the last checkpoint, writes a '
@@ -112,7 +118,7 @@ flags.DEFINE_float('eval_timeout', 300,
                    'Seconds an evaluator waits for a new checkpoint once '
                    'the chief no longer answers, before it gives up.')
 for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
-              'worker_timeout', 'save_checkpoint_secs'):
+              'worker_timeout', 'save_checkpoint_secs', 'preemption_grace'):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
 flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
                          'must be in (0, 1]')
@@ -252,6 +258,8 @@ class Task:
         ps = PsTask(ps_server, self.place)
         self.end.before_leaving(
             lambda why: ps.tell_workers(why, self.end.LAST_WORDS_SECS))
+        self.end.on_preemption(lambda: ps.preempted(FLAGS.preemption_grace),
+                               FLAGS.preemption_grace)
         left = ps.serve_until_workers_gone(FLAGS.startup_timeout,
                                            FLAGS.worker_timeout)
         if left:
@@ -312,12 +320,16 @@ class Task:
         hooks = [tokens] if tokens else []
         if self.logdir:
             hooks.append(CheckpointLoop(self.logdir, sv))
-        sess = RecoverableSession(SessionCreator(
-            sv, worker_server, self.config, self.place, hooks, watch,
-            FLAGS.startup_timeout, FLAGS.ps_timeout, self.logdir,
-            tokens)).open()
+        creator = SessionCreator(sv, worker_server, self.config, self.place,
+                                 hooks, watch, FLAGS.startup_timeout,
+                                 FLAGS.ps_timeout, self.logdir, tokens)
+        sess = RecoverableSession(creator).open()
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.tell)
+        if self.is_chief:
+            self.end.on_preemption(lambda: print(
+                'worker=0: preempted: %s' % creator.preempted(), flush=True),
+                FLAGS.preemption_grace)
         return sess
 
     def training_log(self, sv, sess, global_step, mnist, accuracy_op, x_p,

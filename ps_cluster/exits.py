@@ -40,7 +40,7 @@ class TaskEnd:
         self._ending = threading.Lock()
         # Set by the main thread, called by the one that ends the task.
         self._telling = threading.Lock()
-        self._tell = None
+        self._tell = self._preempted = None
 
     def ending(self):
         """Whether a thread has begun to end this task."""
@@ -52,6 +52,13 @@ class TaskEnd:
         a task it will start again), instead of the tell given before."""
         with self._telling:
             self._tell = tell
+
+    def on_preemption(self, save, secs):
+        """SIGTERM, a scheduler's notice, will call save() first, for secs
+        at most: the line it returns is this task's (None: it printed its
+        own)."""
+        with self._telling:
+            self._preempted = save, secs
 
     def fail(self, message, status=1):
         """Ends this task with a one-line error and status 1 (2: a usage
@@ -71,7 +78,8 @@ class TaskEnd:
         """Ctrl-C (SIGINT) and SIGTERM end this task at once, with one line
         and status 130 or 143, inside sess.run too; after Ctrl-C the cluster
         is told why, after SIGTERM (a scheduler's, which may start the task
-        again) it waits for it. Python runs handlers in the main thread
+        again) it waits for it, once this task has saved what it would lose
+        (on_preemption()). Python runs handlers in the main thread
         only, never while it waits in TensorFlow's C++: a thread of ours
         reads the signal number that Python's C handler writes to the wakeup
         pipe; it ends the process, and nothing joins it.
@@ -84,7 +92,8 @@ class TaskEnd:
 
         def end():
             signum = os.read(read_end, 1)[0]
-            self._end('interrupted', 'interrupted', 128 + signum,
+            self._end(self._save if signum == signal.SIGTERM
+                      else 'interrupted', 'interrupted', 128 + signum,
                       tell=signum == signal.SIGINT)
 
         threading.Thread(target=end, daemon=True, name='signals').start()
@@ -95,6 +104,8 @@ class TaskEnd:
         good."""
         if not self._ending.acquire(blocking=False):
             threading.Event().wait()
+        if callable(line):
+            line = line()
         try:
             if line:
                 print('%s: %s' % (self.name(), line), file=sys.stderr,
@@ -105,6 +116,22 @@ class TaskEnd:
             self._say_last_words(reason)
         sys.stdout.flush()
         os._exit(status)
+
+    def _save(self):
+        """The line of a task preempted: what on_preemption()'s save
+        returns, within its secs."""
+        with self._telling:
+            preempted = self._preempted
+        if preempted is None:
+            return 'interrupted'
+        save, secs = preempted
+        try:
+            return call_within(secs, save)
+        except TimeoutError:
+            return ('preempted; nothing saved within %g s '
+                    '(--preemption_grace)' % secs)
+        except Exception as e:  # none expected: said, as it ends
+            return 'preempted; cannot save: %s' % e
 
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:

@@ -26,6 +26,19 @@ DONE, LEFT = -1, -2**40
 # A worker whose counter has not moved for this long is gone: ten missed
 # beats, so that a busy machine is not taken for a dead worker.
 GONE_SECS = 5
+# A ps's farewell when a scheduler preempts it (SIGTERM): it leaves once the
+# chief has saved the model, and comes back.
+PREEMPTED = 'preempted'
+
+
+class Preempted(tf.errors.UnavailableError):
+    """A ps task's farewell that it was preempted, which the workers wait
+    for as for a lost ps, once the chief has saved the model."""
+
+    def __init__(self, task, address):
+        super().__init__(None, None, '%s (%s) was preempted' % (task,
+                                                                 address))
+        self.address = address
 
 
 def has_left(beats):
@@ -56,52 +69,64 @@ def say_left(cluster, task_index, reason, secs=0):
     """Marks worker task_index LEFT, with its reason, on each ps task that
     answers, trying again for secs those not up yet, in sessions of its
     own: from a worker that has no server or Watchdog yet too."""
-    untold = list(enumerate(cluster.job_tasks('ps')))
+    def mark(beats, departures, farewell, reasons):
+        # The reason first: LEFT is what the others act on.
+        with tf.control_dependencies([tf.scatter_update(
+                reasons, [task_index], [reason])]):
+            return tf.scatter_update(beats, [task_index],
+                                     tf.constant([LEFT], tf.int64))
+    untold = list(range(cluster.num_tasks('ps')))
 
     def tell_those_up():
-        for k, address in list(untold):
+        for k in list(untold):
             # Opening a session waits with no timeout for a ps not there.
-            if probes.is_listening(address) and _mark_left(
-                    address, k, cluster.num_tasks('worker'), task_index,
-                    reason):
-                untold.remove((k, address))
+            if probes.is_listening(cluster.task_address('ps', k)) and (
+                    _run_on_ps(cluster, k, mark) is not None):
+                untold.remove(k)
         return not untold
     poll(tell_those_up, secs, 0.2)
 
 
-def _mark_left(address, k, num_workers, task_index, reason):
-    """Whether ps task k, at address, took the mark: its counters may not
-    be set up yet."""
-    with tf.Graph().as_default() as graph:
-        [beats], _, _, [reasons] = counters(num_workers, [k])
-        # The reason first: LEFT is what the others act on.
-        with tf.control_dependencies([tf.scatter_update(
-                reasons, [task_index], [reason])]):
-            mark = tf.scatter_update(beats, [task_index],
-                                     tf.constant([LEFT], tf.int64))
-    try:
-        with tf.Session('grpc://' + address, graph=graph,
-                        config=tf.ConfigProto(device_filters=[
-                            '/job:ps/task:%d' % k])) as sess:
-            sess.run(mark, options=Watchdog.RUN_OPTIONS)
-        return True
-    except tf.errors.OpError:  # not set up yet, or not answering
-        return False
+def say_saved(cluster, word):
+    """The chief's word on what it saved for a preemption, told to each ps
+    task that says it was preempted, in its farewell: the ps quotes it as
+    it goes."""
+    for k in range(cluster.num_tasks('ps')):
+        _run_on_ps(cluster, k, lambda beats, departures, farewell, reasons:
+                   farewell.assign(tf.where(
+                       tf.equal(farewell, PREEMPTED),
+                       '%s; the chief %s' % (PREEMPTED, word), farewell)))
 
 
 def silent_workers(place):
     """The workers other than place's whose beats on ps 0 stand still over
-    a second, not counting those that ended, as the lines name them."""
-    with tf.Graph().as_default() as graph:
-        [beats], _, _, _ = counters(place.cluster.num_tasks('worker'), [0])
-    with tf.Session('grpc://' + place.cluster.task_address('ps', 0),
-                    graph=graph, config=tf.ConfigProto(
-                        device_filters=['/job:ps/task:0'])) as sess:
-        before = sess.run(beats, options=Watchdog.RUN_OPTIONS)
-        time.sleep(1)
-        after = sess.run(beats, options=Watchdog.RUN_OPTIONS)
+    a second, not counting those that ended, as the lines name them; None
+    if ps 0 does not answer."""
+    def beats(beats, *_):
+        return beats
+    before = _run_on_ps(place.cluster, 0, beats)
+    time.sleep(1)
+    after = _run_on_ps(place.cluster, 0, beats)
+    if before is None or after is None:
+        return None
     return [place.task('worker', i) for i in np.flatnonzero(
         (before == after) & (after >= 0)) if i != place.index]
+
+
+def _run_on_ps(cluster, k, fetches):
+    """fetches(beats, departures, farewell, reasons) of ps task k's
+    counters, run in a session of its own; None if they are not set up
+    yet, or the ps does not answer."""
+    with tf.Graph().as_default() as graph:
+        ops = fetches(*[c for [c] in counters(cluster.num_tasks('worker'),
+                                              [k])])
+    try:
+        with tf.Session('grpc://' + cluster.task_address('ps', k),
+                        graph=graph, config=tf.ConfigProto(device_filters=[
+                            '/job:ps/task:%d' % k])) as sess:
+            return sess.run(ops, options=Watchdog.RUN_OPTIONS)
+    except tf.errors.OpError:
+        return None
 
 
 # ------------------------------------------------------ a worker's beats
@@ -220,12 +245,17 @@ class Watchdog(tf.train.LooperThread):
                 [self.beat_op, self.departed, self.farewells],
                 options=self.RUN_OPTIONS)
         except (tf.errors.OpError, RuntimeError) as e:
-            # A lost ps: stored, and the main thread recovers; a frozen ps:
-            # nothing to do.
+            # A lost ps: stored, and the main thread recovers (stop_loop()
+            # runs, unlike after a raise); a frozen ps: nothing to do.
             if errors.is_lost(e):
-                raise
+                self.sv.coord.request_stop(e)
             return
         for k, reason in enumerate(farewells):
+            if reason.decode().startswith(PREEMPTED):
+                self.sv.coord.request_stop((Preempted, Preempted(
+                    '/job:ps/task:%d' % k,
+                    self.place.cluster.task_address('ps', k)), None))
+                return
             if reason:
                 raise TaskFailed('lost the connection to %s, which ended: '
                                  '"%s"' % (self.place.task('ps', k),

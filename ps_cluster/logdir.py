@@ -134,13 +134,18 @@ class Logdir:
         except OSError:
             pass
 
+    def save(self, sv, sess):
+        """The chief's checkpoint, and its global step; ValueError if the
+        logdir is no folder any more."""
+        with self._saving:
+            return checkpoint_step(sv.saver.save(
+                sess, sv.save_path, global_step=sv.global_step))
+
     def save_checkpoint(self, sv, sess):
-        """The chief's checkpoint, and its global step; one that fails is
-        one line, and training goes on: None."""
+        """save(), but one that fails is one line, and training goes on:
+        None."""
         try:
-            with self._saving:
-                path = sv.saver.save(sess, sv.save_path,
-                                     global_step=sv.global_step)
+            return self.save(sv, sess)
         except (tf.errors.OpError, ValueError) as e:
             # ValueError: the logdir is no folder any more; a lost ps the
             # main thread waits for; a session closed on a failure.
@@ -148,7 +153,6 @@ class Logdir:
                     e, tf.errors.CancelledError)):
                 self.failed('save a checkpoint', e)
             return None
-        return checkpoint_step(path)
 
     def close_summaries(self, writer):
         """Closes the summary writer, or gives up on it after CLOSE_SECS

@@ -29,7 +29,7 @@ class PsTask:
             self.depart = tf.scatter_add(departures, self.gone_now,
                                          tf.ones_like(self.gone_now))
             self.reason = tf.placeholder(tf.string, [])
-            self.say = farewell.assign(self.reason)
+            self.farewell, self.say = farewell, farewell.assign(self.reason)
             self.sess = tf.Session(server.target, config=tf.ConfigProto(
                 device_filters=[place.name]))
             self.sess.run(tf.variables_initializer(
@@ -50,6 +50,19 @@ class PsTask:
             return (np.all(values < 0)
                     or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS)
         poll(read, secs - 1, 0.1)
+
+    def preempted(self, secs):
+        """Says that a scheduler preempted this ps (SIGTERM), so that the
+        workers hold their updates and wait for it, and waits, up to a
+        second before secs, for the chief to say what it saved; returns the
+        ps's line."""
+        self.sess.run(self.say, {self.reason: liveness.PREEMPTED})
+        word = poll(lambda: self.sess.run(self.farewell).decode().replace(
+            liveness.PREEMPTED, '', 1), secs - 1, 0.1)
+        return liveness.PREEMPTED + (word or (
+            '; the chief did not save the model within %g s '
+            '(--preemption_grace): its updates since the last checkpoint '
+            'are lost' % secs))
 
     def serve_until_workers_gone(self, startup_timeout, worker_timeout):
         """Serves until every worker has come up and ended, or is silent for

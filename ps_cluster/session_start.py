@@ -43,10 +43,19 @@ class SessionCreator(tf.train.SessionCreator):
                 raise TaskFailed(self._lost(e))
         if not errors.is_lost(lost):
             raise lost
+        preempted = isinstance(lost, liveness.Preempted)
         print('worker=%d: %s; waiting up to %g s for it' % (
-            self.place.index, self._lost(lost), self.ps_timeout), flush=True)
+            self.place.index, lost.message if preempted else self._lost(lost),
+            self.ps_timeout), flush=True)
         deadline = Deadline(self.ps_timeout, '--ps_timeout')
         self._stop_threads()
+        if preempted:
+            # The workers hold their updates, the chief saves, then the ps
+            # goes.
+            if self.sv.is_chief:
+                print('worker=0: %s' % self.preempted(hold=True), flush=True)
+            poll(lambda: not probes.answers(lost.address), deadline.left(),
+                 0.2)
 
         def created():
             nonlocal lost
@@ -95,6 +104,33 @@ class SessionCreator(tf.train.SessionCreator):
             hook.after_create_session(session, sv.coord)
         return CoordinatedSession(session, sv, watch, watchdog, self.hooks,
                                   self.logdir)
+
+    def preempted(self, hold=False):
+        """The chief's save when a scheduler preempts it or a ps (SIGTERM),
+        in a session of its own: the model as it stands; with `hold`, once
+        the workers hold their updates (the global step stands still over
+        a beat). Each ps that says it was preempted is told what became of
+        it; returns that."""
+        word = 'has no --logdir to save the model in'
+        steps = []
+
+        def held():
+            steps.append(sess.run(self.sv.global_step))
+            return steps[-2:] == steps[-1:] * 2
+        try:
+            with tf.Session(self.server.target, graph=self.sv.global_step.graph,
+                            config=self.config) as sess:
+                if hold and self.logdir:
+                    poll(held, 5, liveness.Watchdog.POLL_SECS + 0.1)
+                if self.logdir:
+                    word = ('saved the model at global_step=%d'
+                            % self.logdir.save(self.sv, sess))
+        except (tf.errors.OpError, ValueError) as e:
+            word = ('cannot save the model in --logdir=%s (%s): its updates '
+                    'since the last checkpoint are lost' % (
+                        self.logdir.path, errors.what_went_wrong(e)))
+        liveness.say_saved(self.place.cluster, word)
+        return word
 
     def _watchdog(self, deadline):
         return liveness.Watchdog(self.sv, self.server, self.config,

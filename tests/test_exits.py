@@ -4,15 +4,19 @@ usage error, the last words told the cluster); and the cluster test of what
 only a cluster shows: Ctrl-C on a ps ends every worker quoting its reason
 (on a worker, in test_liveness.py)."""
 
+import concurrent.futures
 import os
+import re
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_interrupted,
-                      assert_one_error_line, ps_port)
+from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
+                      assert_interrupted, assert_one_error_line,
+                      final_accuracies, own_lines, ps_port)
 from ps_cluster import exits
 
 
@@ -94,3 +98,136 @@ def test_ctrl_c_on_the_ps_ends_every_worker_with_its_reason(
             assert_one_error_line(
                 procs, worker, 1, 'lost the connection to /job:ps/task:0 '
                 '(localhost:%d), which ended: "interrupted"' % ps_port(ps))
+
+
+RESTORED = (r'^worker=0: restored the model from .*model\.ckpt-(\d+) at '
+            r'global_step=\d+, on \d+ ps and \d+ workers$')
+
+
+def global_step(port):
+    """The global step on the ps at localhost:port, read as the scripts
+    make it: a resource variable on ps 0."""
+    import tensorflow.compat.v1 as tf
+    with tf.Graph().as_default():
+        with tf.device('/job:ps/task:0'):
+            step = tf.Variable(0, dtype=tf.int64, name='global_step',
+                               use_resource=True, trainable=False)
+        with tf.Session('grpc://localhost:%d' % port,
+                        config=tf.ConfigProto(device_filters=[
+                            '/job:ps/task:0'])) as sess:
+            return sess.run(step)
+
+
+SAVED = r'saved the model at global_step=(\d+)'
+
+
+def preempt(procs, script, flags, ports, name):
+    """A preemption of the ps alone, then of every task at once, each
+    mid-way between the chief's checkpoints (an hour apart: only the first
+    is made), each followed by the tasks started again: the run resumes at
+    the step the chief saved, no lower than the step read just before the
+    SIGTERM, and ends well."""
+    def task(job, index):
+        return procs.script(script, job, index, ports[:1], ports[1:], *flags,
+                            name=name)
+    ps, workers = task('ps', 0), [task('worker', i) for i in range(3)]
+    chief = workers[0]
+    procs.wait_for_epoch(workers, 3)
+    before = global_step(ports[0])
+    os.kill(ps.pid, signal.SIGTERM)
+    # The workers hold, the chief saves, then the ps goes.
+    procs.wait_all([ps], START_UP)
+    saved = int(re.fullmatch(
+        r'/job:ps/task:0: preempted; the chief ' + SAVED,
+        assert_one_line(procs, ps, 143)).group(1))
+    assert saved >= before
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(
+            worker, r'^worker=%d: /job:ps/task:0 \(localhost:%d\) was '
+                    r'preempted; waiting up to 120 s for it$' % (i, ports[0]),
+            START_UP)
+    procs.wait_for_output(chief, '^worker=0: ' + SAVED + '$', START_UP)
+    ps = task('ps', 0)
+    restored = int(procs.wait_for_output(chief, RESTORED, START_UP).group(1))
+    assert restored == saved
+    for i, worker in enumerate(workers):
+        procs.wait_for_output(worker, r'^worker=%d: resuming at '
+                              r'global_step=\d+$' % i, START_UP)
+
+    # Every task at once, as a suspended JobSet's.
+    epochs = len(re.findall('^worker=0,epoch=', procs.output(chief), re.M))
+    procs.wait_for_output(chief, '^worker=0,epoch=', START_UP,
+                          count=epochs + 3)
+    before = global_step(ports[0])
+    sent = time.time()
+    for proc in [ps] + workers:
+        os.kill(proc.pid, signal.SIGTERM)
+    procs.wait_all([ps] + workers, START_UP)
+    assert time.time() - sent < 20  # --preemption_grace
+    saved = int(re.search('^worker=0: preempted: ' + SAVED + '$',
+                          assert_clean_exit(procs, chief, 143),
+                          re.M).group(1))
+    assert own_lines(procs.stderr(chief)) == [] and saved >= before
+    for i in (1, 2):
+        assert_interrupted(procs, workers[i], 143, '/job:worker/task:%d' % i)
+    assert assert_one_line(procs, ps, 143) == (
+        '/job:ps/task:0: preempted; the chief saved the model at '
+        'global_step=%d' % saved)
+    ps, workers = task('ps', 0), [task('worker', i) for i in range(3)]
+    procs.wait_all(workers + [ps], START_UP)
+    restored = re.search(RESTORED, procs.output(workers[0]), re.M)
+    assert int(restored.group(1)) == saved
+    for i, worker in enumerate(workers):
+        assert i in final_accuracies(assert_clean_exit(procs, worker, 0))
+    assert_clean_exit(procs, ps, 0)
+
+
+def assert_one_line(procs, proc, status):
+    """The one line of our own that proc ended with, status and all."""
+    output = assert_clean_exit(procs, proc, status)
+    lines = own_lines(procs.stderr(proc))
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+# SIGTERM, a scheduler's notice, side by side in each script's cluster: the
+# ps alone, then every task at once (preempt()); and every task of a run
+# whose chief cannot save, its --logdir made read-only (immutable): all end
+# within the grace, and the ps says what was not saved.
+@pytest.mark.slow  # not in the fast tier
+def test_a_preemption_loses_no_step(procs, free_ports, small_data, tmp_path):
+    def flags(logdir):
+        return ['--data_dir=' + small_data, '--logdir=%s' % logdir,
+                '--save_checkpoint_secs=3600', '--epochs=60',
+                '--print_every_epochs=1', '--validation_size=100',
+                '--step_delay_ms=20']
+    readonly = tmp_path / 'readonly'
+    readonly.mkdir()
+    # Immutable: not even root may add a file to it.
+    if os.geteuid() or subprocess.run(['chattr', '+i', str(readonly)],
+                                      capture_output=True).returncode:
+        pytest.skip('cannot make a folder immutable here (root only)')
+    subprocess.run(['chattr', '-i', str(readonly)], check=True)
+    try:
+        ps, workers = procs.cluster('async', free_ports, *flags(readonly),
+                                    name='readonly-')
+        with concurrent.futures.ThreadPoolExecutor(len(SCRIPTS)) as pool:
+            runs = [pool.submit(preempt, procs, script,
+                                flags(tmp_path / script), free_ports(4),
+                                script + '-') for script in SCRIPTS]
+            procs.wait_for_epoch(workers, 3)
+            subprocess.run(['chattr', '+i', str(readonly)], check=True)
+            sent = time.time()
+            for proc in [ps] + workers:
+                os.kill(proc.pid, signal.SIGTERM)
+            procs.wait_all([ps] + workers, START_UP)
+            assert time.time() - sent < 20  # --preemption_grace
+            for run in runs:
+                run.result()
+    finally:
+        subprocess.run(['chattr', '-i', str(readonly)])
+    cannot = ('cannot save the model in --logdir=%s (' % readonly)
+    assert cannot in assert_clean_exit(procs, workers[0], 143)
+    line = assert_one_line(procs, ps, 143)
+    assert line.startswith('/job:ps/task:0: preempted; the chief ' + cannot)
+    assert line.endswith('its updates since the last checkpoint are lost')
