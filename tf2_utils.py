@@ -89,8 +89,13 @@ class Tf2Task:
         coordinator has: with status 0 once it said why (one line if it did
         not finish), 1 if it stays silent for --worker_timeout. It ends
         the task."""
-        word = coordinated.Word(server, self.name).wait(
-            self._coordinator(), FLAGS.startup_timeout, FLAGS.worker_timeout)
+        word = coordinated.Word(server, self.name)
+        if self.job_name == 'ps':
+            self.end.on_preemption(
+                lambda: word.preempted(FLAGS.preemption_grace),
+                FLAGS.preemption_grace)
+        word = word.wait(self._coordinator(), FLAGS.startup_timeout,
+                         FLAGS.worker_timeout)
         if word != coordinated.DONE:
             print('%s: the coordinator, %s (%s), left: "%s"' % (
                 self.name, *self._coordinator(), word), flush=True)
@@ -114,7 +119,31 @@ class Tf2Task:
         which a run with the same --logdir goes on; where there is none, a
         TF1 script's in --logdir, read by name, is restored instead (with
         any split of w). Returns a Checkpoints."""
-        return Checkpoints(FLAGS.logdir, variables)
+        self.saved = Checkpoints(FLAGS.logdir, variables)
+        self.end.on_preemption(self._preempted, FLAGS.preemption_grace)
+        return self.saved
+
+    def _preempted(self):
+        """The coordinator's SIGTERM: its checkpoint of the variables as
+        they stand, its servers told to wait for it, and its line."""
+        word = self.saved.save_now()
+        self._tell_servers('%s; the coordinator %s' % (coordinated.PREEMPTED,
+                                                       word))
+        print('worker=%d: preempted: %s' % (self.task_index, word),
+              flush=True)
+
+    def _check_preempted(self):
+        """A ps that says it was preempted: the coordinator saves, and tells
+        it, which then leaves; the steps on it fail, and the coordinator
+        starts again once it is back."""
+        for name, address in self._tasks('ps').items():
+            if coordinated.read(name, address) == coordinated.PREEMPTED:
+                word = self.saved.save_now()
+                print('worker=%d: %s (%s) was preempted: %s' % (
+                    self.task_index, name, address, word), flush=True)
+                coordinated.tell({name: address}, '%s; the coordinator %s'
+                                 % (coordinated.PREEMPTED, word),
+                                 exits.TaskEnd.LAST_WORDS_SECS)
 
     def join(self, coordinator, global_step):
         """coordinator.join(), saying once which workers stop answering
@@ -137,6 +166,7 @@ class Tf2Task:
             # Every WORKER_CHECK_SECS, however short each join.
             if time.time() - self._checked >= self.WORKER_CHECK_SECS:
                 self._check_workers()
+                self._check_preempted()
             if done:
                 break
             try:
@@ -279,6 +309,7 @@ class Checkpoints:
     def __init__(self, logdir, variables):
         self.source = 'new variables'
         self.manager = None
+        self.logdir, self.variables = logdir, variables
         if not logdir:
             return
         checkpoint = tf.train.Checkpoint(**variables)
@@ -301,6 +332,20 @@ class Checkpoints:
     def save(self, step):
         if self.manager:
             self.manager.save(checkpoint_number=step)
+
+    def save_now(self):
+        """A checkpoint of the variables as they stand, for a preemption;
+        says what it saved."""
+        if not self.manager:
+            return 'has no --logdir to save the model in'
+        step = int(self.variables['global_step'].numpy())
+        try:
+            self.save(step)
+        except (tf.errors.OpError, OSError) as e:
+            return ('cannot save the model in --logdir=%s (%s): its steps '
+                    'since the last checkpoint are lost' % (
+                        self.logdir, errors.what_went_wrong(e)))
+        return 'saved the model at global_step=%d' % step
 
 
 class Log:

@@ -13,6 +13,10 @@ from ps_cluster.exits import TaskFailed
 
 # A word of the coordinator's: it finished its run.
 DONE = 'done'
+# A server's word that a scheduler preempted it (SIGTERM), which the
+# coordinator answers once it has saved; and the start of the coordinator's
+# word when it was preempted itself: its servers wait for it to come back.
+PREEMPTED = 'preempted'
 
 
 def _word(name):
@@ -27,6 +31,7 @@ class Word:
     with no RPC."""
 
     def __init__(self, server, name):
+        self.name = name
         with tf.Graph().as_default():
             self.word = _word(name)
             self.sess = tf.Session(server.target, config=tf.ConfigProto(
@@ -34,6 +39,25 @@ class Word:
             # The coordinator may have set it already: it fails at start.
             if not self.sess.run(tf.is_variable_initialized(self.word)):
                 self.sess.run(self.word.initializer)
+            self.value = tf.placeholder(tf.string, [])
+            self.say = self.word.assign(self.value)
+        self.preempting = False
+
+    def preempted(self, secs):
+        """Says that a scheduler preempted this server (SIGTERM), and waits
+        up to a second before secs for the coordinator to save: returns
+        this server's line."""
+        self.preempting = True
+        self.sess.run(self.say, {self.value: PREEMPTED})
+        word = poll(lambda: self._read().replace(PREEMPTED, '', 1),
+                    secs - 1, 0.1)
+        return PREEMPTED + (word or (
+            '; the coordinator did not save the model within %g s '
+            '(--preemption_grace): its steps since its last checkpoint are '
+            'lost' % secs))
+
+    def _read(self):
+        return self.sess.run(self.word).decode()
 
     def wait(self, coordinator, startup_timeout, silent_timeout):
         """Until the coordinator at `coordinator` (its name and address)
@@ -44,8 +68,13 @@ class Word:
         heard = None
         started = time.time()
         while True:
-            word = self.sess.run(self.word).decode()
-            if word:
+            word = self._read()
+            if word.startswith(PREEMPTED) and not self.preempting:
+                # The coordinator was preempted: a scheduler starts it again.
+                print('%s: the coordinator, %s (%s), was %s; waiting for it'
+                      % (self.name, name, address, word), flush=True)
+                self.sess.run(self.say, {self.value: ''})
+            elif word and not self.preempting:
                 return word
             now = time.time()
             if probes.answers(address, 1.0):
@@ -78,13 +107,25 @@ def tell(tasks, word, secs):
         pass
 
 
+def read(name, address):
+    """The word on the task `name` at address, or None if it does not
+    answer."""
+    with tf.Graph().as_default() as graph:
+        word = _run(name, address, graph, _word(name))
+    return word and word.decode()
+
+
 def _set(name, address, word):
     with tf.Graph().as_default() as graph:
-        assign = _word(name).assign(word)
+        return _run(name, address, graph, _word(name).assign(word)) is not None
+
+
+def _run(name, address, graph, fetch):
+    """fetch, run on the task `name` at address in a session of its own;
+    None if it is not set up yet, or does not answer."""
     try:
         with tf.Session('grpc://' + address, graph=graph,
                         config=tf.ConfigProto(device_filters=[name])) as sess:
-            sess.run(assign, options=tf.RunOptions(timeout_in_ms=2000))
-        return True
-    except tf.errors.OpError:  # not set up yet, or not answering
-        return False
+            return sess.run(fetch, options=tf.RunOptions(timeout_in_ms=2000))
+    except tf.errors.OpError:
+        return None

@@ -83,6 +83,7 @@ class Logdir:
     chief in its lines."""
 
     CLOSE_SECS = 10
+    LOCK_SECS = 5
 
     def __init__(self, path, task_name, save_checkpoint_secs=None):
         self.path, self.task_name = path, task_name
@@ -136,10 +137,16 @@ class Logdir:
 
     def save(self, sv, sess):
         """The chief's checkpoint, and its global step; ValueError if the
-        logdir is no folder any more."""
-        with self._saving:
+        logdir is no folder any more. A save of a session closed after a
+        lost ps may wait on the ps for good: the next goes on after
+        LOCK_SECS."""
+        locked = self._saving.acquire(timeout=self.LOCK_SECS)
+        try:
             return checkpoint_step(sv.saver.save(
                 sess, sv.save_path, global_step=sv.global_step))
+        finally:
+            if locked:
+                self._saving.release()
 
     def save_checkpoint(self, sv, sess):
         """save(), but one that fails is one line, and training goes on:

@@ -20,7 +20,7 @@ CRD = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
 
 Pod = collections.namedtuple('Pod', [
     'hostname', 'fqdn', 'replicated_job', 'labels', 'env', 'argv', 'mounts',
-    'cpu_shares', 'restarts_in_place'])
+    'cpu_shares', 'restarts_in_place', 'grace'])
 
 # The fields translated, by where they sit; a field elsewhere fails.
 KNOWN = {
@@ -31,7 +31,8 @@ KNOWN = {
     'replicatedJob': {'name', 'replicas', 'template'},
     'job': {'parallelism', 'completions', 'completionMode', 'backoffLimit',
             'template'},
-    'pod': {'restartPolicy', 'containers', 'volumes'},
+    'pod': {'restartPolicy', 'terminationGracePeriodSeconds', 'containers',
+            'volumes'},
     'container': {'name', 'image', 'command', 'args', 'env', 'ports',
                   'volumeMounts', 'resources'},
 }
@@ -125,7 +126,8 @@ def jobset_pods(manifest, claims):
     (JOB_COMPLETION_INDEX) and the container's own, its command and args
     expanded, its volumes as (host folder, path, read only) from claims
     ({claim name: host folder}), its CPU request as the kubelet's CPU
-    shares (1024 a CPU)."""
+    shares (1024 a CPU), whether it restarts in place, and its grace
+    period."""
     _only('jobset', manifest, '')
     _only('jobset.metadata', manifest['metadata'], '.metadata')
     spec = manifest['spec']
@@ -172,7 +174,8 @@ def jobset_pods(manifest, claims):
                       m.get('readOnly', False))
                      for m in container.get('volumeMounts', [])],
                     cpu and _cpu_shares(str(cpu)),
-                    pod['restartPolicy'] == 'OnFailure'))
+                    pod['restartPolicy'] == 'OnFailure',
+                    pod.get('terminationGracePeriodSeconds', 30)))
     return pods
 
 

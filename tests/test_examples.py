@@ -1,6 +1,7 @@
 """The examples run commands and flags that exist; the image and a TFJob
 run in containers."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -243,12 +244,14 @@ def test_jobset_manifest(mode):
     assert spec['successPolicy'] == {
         'operator': 'All', 'targetReplicatedJobs': ['workers', 'evaluator']}
     assert spec['failurePolicy']['maxRestarts'] >= 1
-    # A ps or a worker that fails fails its Job, which restarts the set: it
-    # does not restart in place.
+    # A ps that fails restarts in place, on its address, and the workers
+    # wait for it; a worker that fails fails its Job, which restarts the
+    # set.
     jobs = replicated_jobs(manifest)
-    for name in ('ps', 'workers'):
-        assert jobs[name]['backoffLimit'] == 0
-        assert jobs[name]['template']['spec']['restartPolicy'] == 'Never'
+    assert jobs['ps']['backoffLimit'] >= 1
+    assert jobs['ps']['template']['spec']['restartPolicy'] == 'OnFailure'
+    assert jobs['workers']['backoffLimit'] == 0
+    assert jobs['workers']['template']['spec']['restartPolicy'] == 'Never'
     pods = kubelet.jobset_pods(manifest, {'mnist-data': '/claims/data',
                                           'mnist-logs': '/claims/logs'})
     cluster = {job: ','.join(pod.fqdn + ':2222' for pod in pods
@@ -256,6 +259,11 @@ def test_jobset_manifest(mode):
                for job in ('ps', 'workers')}
     for pod in pods:
         assert pod.argv[1] == '/app/mnist_dist_%s.py' % mode
+        # Time to save the model when preempted (SIGTERM), whose default
+        # --preemption_grace the pod's grace period is above.
+        if pod.replicated_job != 'evaluator':
+            assert pod.grace > 20 and '--preemption_grace' not in str(
+                pod.argv)
         check_command(pod.argv)
         # Every pod the same cluster, of the DNS names JobSet gives the
         # pods; each its task from its index.
@@ -341,29 +349,47 @@ class JobSetRun:
     """A JobSet run here as Kubernetes would run it: each pod a podman
     container of the image on a network of the set's own, started as the
     kubelet starts it (kubelet.py), and this test as the JobSet controller:
-    the set succeeds once every pod of successPolicy's jobs has; a ps or a
-    worker that fails restarts the whole set, up to
-    failurePolicy.maxRestarts. An evaluator that fails is not restarted in
-    place here: the run waits out its timeout."""
+    the set succeeds once every pod of successPolicy's jobs has; a pod of
+    restartPolicy OnFailure that fails is started again in place, on its
+    address; another that fails restarts the whole set, up to
+    failurePolicy.maxRestarts. suspend() is Kueue's: every pod stopped as
+    its grace period allows, and the set started again."""
 
     def __init__(self, manifest, image, claims, procs):
         self.manifest, self.image, self.procs = manifest, image, procs
         self.pods = kubelet.jobset_pods(manifest, claims)
         self.network = '%s-%s' % (manifest['metadata']['name'],
                                   uuid.uuid4().hex[:6])
-        self.restarts, self.attempts = 0, []
+        self.restarts, self.attempts, self.in_place = 0, [], 0
         assert podman('network', 'create', self.network).returncode == 0
 
     def start(self):
         """Every pod's container, for a new attempt of the set."""
-        attempt = len(self.attempts)
-        self.attempts.append({pod.hostname: self.procs.start(
-            kubelet.podman_run(pod, self.image, self.network,
-                               '%s-%d' % (self.network, attempt)),
-            '%s-%d' % (pod.hostname, attempt)) for pod in self.pods})
+        self.attempts.append({})
+        for pod in self.pods:
+            self._run(pod)
+
+    def _run(self, pod):
+        """pod's container in the current attempt, again if it ran."""
+        running = self.attempts[-1]
+        name = '%s-%d' % (pod.hostname, len(self.attempts) - 1)
+        if pod.hostname in running:
+            self.in_place += 1
+            name += '-again%d' % self.in_place
+        running[pod.hostname] = self.procs.start(kubelet.podman_run(
+            pod, self.image, self.network, '%s-%s' % (self.network, name)),
+            name)
+        running[pod.hostname].container = '%s-%s-%s' % (
+            self.network, name, pod.hostname)
+
+    def again(self, replicated_job):
+        """The pods of replicated_job, started again in place."""
+        for pod in self.pods:
+            if pod.replicated_job == replicated_job:
+                self._run(pod)
 
     def container(self, hostname):
-        return '%s-%d-%s' % (self.network, len(self.attempts) - 1, hostname)
+        return self.attempts[-1][hostname].container
 
     def pods_of(self, replicated_job):
         running = self.attempts[-1]
@@ -379,9 +405,11 @@ class JobSetRun:
         while time.time() < deadline:
             running = self.attempts[-1]
             failed = [pod for pod in self.pods
-                      if not pod.restarts_in_place and running[
-                          pod.hostname].poll() not in (None, 0)]
-            if failed:
+                      if running[pod.hostname].poll() not in (None, 0)]
+            for pod in failed:
+                if pod.restarts_in_place:
+                    self._run(pod)  # as the kubelet does, in its pod
+            if [pod for pod in failed if not pod.restarts_in_place]:
                 if self.restarts == policy['failurePolicy']['maxRestarts']:
                     return False
                 self.restarts += 1
@@ -398,18 +426,25 @@ class JobSetRun:
         pytest.fail('the JobSet %s did not end within %d s'
                     % (self.network, timeout))
 
-    def stop(self):
+    def stop(self, grace=5):
         """The containers of the attempt, stopped as the pods of a deleted
         Job are: SIGTERM, then SIGKILL after the grace period."""
-        names = [self.container(pod.hostname) for pod in self.pods]
-        podman('stop', '--ignore', '--time=5', *names, timeout=60)
-        self.procs.wait_all(list(self.attempts[-1].values()), START_UP)
+        running = list(self.attempts[-1].values())
+        podman('stop', '--ignore', '--time=%d' % grace,
+               *[proc.container for proc in running], timeout=60 + grace)
+        self.procs.wait_all(running, START_UP)
+
+    def suspend(self):
+        """Kueue suspends the set: each pod is deleted, SIGTERM then SIGKILL
+        once its grace period is over; admitted again, every pod starts
+        anew."""
+        self.stop(max(pod.grace for pod in self.pods))
+        self.start()
 
     def remove(self):
-        for attempt in range(len(self.attempts)):
-            podman('rm', '--force', '--ignore', '--time=0', *[
-                '%s-%d-%s' % (self.network, attempt, pod.hostname)
-                for pod in self.pods], timeout=60)
+        for attempt in self.attempts:
+            podman('rm', '--force', '--ignore', '--time=0',
+                   *[proc.container for proc in attempt.values()], timeout=60)
         podman('network', 'rm', '--force', self.network, timeout=60)
 
     def left(self):
@@ -433,12 +468,38 @@ def shortened(manifest, *flags):
 
 @pytest.mark.slow
 def test_jobsets_in_containers(image, procs, small_data, tmp_path):
-    """Both JobSets side by side, pod by pod in containers; the async one's
-    ps killed mid-run: the set restarts and resumes from the checkpoint in
-    its logdir."""
+    """Both JobSets side by side, pod by pod in containers, each preempted
+    twice mid-run: its ps alone (SIGTERM) while the workers keep their
+    pods, which restarts in place; then every pod, as Kueue suspends the
+    set, which is admitted again. Each time the run resumes at the step the
+    chief saved, and the set completes."""
     data = tmp_path / 'data'
     shutil.copytree(small_data, str(data / 'mnist'))
     runs = {}
+
+    def preempt(run):
+        chief = run.pods_of('workers')[0]
+        procs.wait_for_output(chief, r'^worker=0,epoch=2,', START_UP)
+        ps, = run.pods_of('ps')
+        podman('kill', '--signal=TERM', ps.container, timeout=30)
+        procs.wait_all([ps], START_UP)
+        saved = procs.wait_for_output(chief, r'^worker=0: saved the model '
+                                      r'at global_step=(\d+)$', START_UP)
+        assert ps.returncode == 143
+        assert procs.stderr(ps).endswith(
+            '/job:ps/task:0: preempted; the chief saved the model at '
+            'global_step=%s\n' % saved.group(1))
+        run.again('ps')  # as the kubelet does, in its pod
+        run.resumed = [procs.wait_for_output(chief, RESTORED, START_UP).group(
+            1) == saved.group(1)]
+        procs.wait_for_output(chief, r'^worker=0,epoch=5,', START_UP)
+        run.suspend()
+        saved = re.search(r'^worker=0: preempted: saved the model at '
+                          r'global_step=(\d+)$', procs.output(chief), re.M)
+        run.resumed.append(procs.wait_for_output(
+            run.pods_of('workers')[0], RESTORED, START_UP).group(1)
+            == saved.group(1))
+        return run.run(600)
     try:
         for mode in ('async', 'sync'):
             logs = tmp_path / ('logs-' + mode)
@@ -447,13 +508,8 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
                 'mnist-data': str(data), 'mnist-logs': str(logs)}, procs)
             runs[mode].logs = logs
             runs[mode].start()
-        killed = runs['async']
-        chief, = killed.pods_of('workers')[:1]
-        procs.wait_for_output(chief, r'^worker=0,epoch=2,', START_UP)
-        assert list((killed.logs / 'async').glob('model.ckpt-*.index'))
-        podman('kill', '--signal=KILL',
-               killed.container('mnist-dist-async-ps-0-0'), timeout=30)
-        outcome = {mode: run.run(600) for mode, run in runs.items()}
+        with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+            outcome = dict(zip(runs, pool.map(preempt, runs.values())))
         # The ps and the evaluator end by themselves once the workers
         # have.
         for run in runs.values():
@@ -462,8 +518,9 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
         for run in runs.values():
             run.remove()
     assert outcome == {'async': True, 'sync': True}
-    assert (killed.restarts, runs['sync'].restarts) == (1, 0)
     for mode, run in runs.items():
+        assert (run.restarts, run.in_place, run.resumed) == (0, 1,
+                                                             [True, True])
         last = run.attempts[-1]
         outputs = {host: assert_clean_exit(procs, proc, 0)
                    for host, proc in last.items()}
@@ -479,8 +536,6 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
         assert evaluations(evaluator)[-1][0] == step
         assert os.listdir(run.logs / ('%s-serving' % mode)) == [str(step)]
         assert run.left() == ('', False)
-    # The restarted set resumed at its saved step, and completed.
-    restored = re.search(r'^worker=0: restored the model from \S+ at '
-                         r'global_step=(\d+), ', procs.output(
-                             killed.pods_of('workers')[0]), re.M)
-    assert restored and int(restored.group(1)) > 0
+
+
+RESTORED = (r'^worker=0: restored the model from \S+ at global_step=(\d+), ')

@@ -140,3 +140,68 @@ def test_a_worker_killed_a_ps_restarted_and_ctrl_c(procs, free_ports,
         assert procs.stdout(task).endswith(
             '%s: the coordinator, /job:chief/task:0 (localhost:%d), left: '
             '"interrupted"\n' % (name, ports[1]))
+
+
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+def test_a_preemption_loses_no_step(procs, free_ports, small_data, tmp_path):
+    """SIGTERM, a scheduler's notice: the ps alone, whose word reaches the
+    coordinator, which saves before the ps goes and starts again from that
+    checkpoint once the ps is back; then every task at once, the
+    coordinator saving as it goes, and the run started again, which goes
+    on from there and ends well."""
+    ports = free_ports(4)
+    common = ['--data_dir=' + small_data, '--logdir=%s' % (tmp_path / 'L'),
+              '--print_every_epochs=1', *SMALL]
+
+    def start(name, epochs=100000):
+        return [procs.script('tf2', job, index, ports[:1], ports[1:],
+                             *common, '--epochs=%d' % epochs, name=name)
+                for job, index in (('ps', 0), ('worker', 0), ('worker', 1),
+                                   ('worker', 2))]
+    ps, coordinator, *workers = start('')
+    epoch = r'^worker=0,epoch=\d+,global_step=(\d+)'
+    before = int(procs.wait_for_output(coordinator, epoch, START_UP,
+                                       count=2).group(1))
+    os.kill(ps.pid, signal.SIGTERM)
+    procs.wait_all([ps], START_UP)
+    assert_clean_exit(procs, ps, 143)
+    saved = int(re.fullmatch(
+        r'/job:ps/task:0: preempted; the coordinator saved the model at '
+        r'global_step=(\d+)\n', procs.stderr(ps)).group(1))
+    assert saved >= before
+    procs.wait_for_output(
+        coordinator, r'^worker=0: /job:ps/task:0 \(localhost:%d\) was '
+        r'preempted: saved the model at global_step=%d$' % (ports[0], saved),
+        START_UP)
+    ps = procs.script('tf2', 'ps', 0, ports[:1], ports[1:], *common,
+                      '--epochs=100000', name='again')
+    restart = procs.wait_for_output(coordinator, STARTING.pattern, START_UP,
+                                    count=2)
+    assert restart.group(1) == str(saved)
+
+    # Every task at once.
+    count = len(re.findall(epoch, procs.output(coordinator), re.M))
+    before = int(procs.wait_for_output(coordinator, epoch, START_UP,
+                                       count=count + 2).group(1))
+    for task in [ps, coordinator] + workers:
+        os.kill(task.pid, signal.SIGTERM)
+    procs.wait_all([ps, coordinator] + workers, START_UP)
+    saved = int(re.search(r'^worker=0: preempted: saved the model at '
+                          r'global_step=(\d+)$', assert_clean_exit(
+                              procs, coordinator, 143), re.M).group(1))
+    assert saved >= before
+    assert procs.stderr(ps).endswith(
+        '/job:ps/task:0: preempted; the coordinator saved the model at '
+        'global_step=%d\n' % saved)
+    assert_clean_exit(procs, ps, 143)
+    for i, worker in enumerate(workers):
+        assert_clean_exit(procs, worker, 143)
+        assert procs.stderr(worker).endswith(
+            '/job:worker/task:%d: interrupted\n' % i)
+    # Started again, to an epoch past it: 30 global steps an epoch.
+    tasks = start('resumed', saved // 30 + 2)
+    [(start_step, source, _)] = STARTING.findall(run(procs, (tasks[0],
+                                                             tasks[1:])))
+    assert start_step == str(saved)
+    assert source == 'the checkpoint %s' % (tmp_path / 'L' / 'tf2' /
+                                            ('ckpt-%d' % saved))
