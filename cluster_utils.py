@@ -354,21 +354,25 @@ class Task:
         return TrainingLog(sv, sess, global_step, self.index, accuracy_on,
                            mnist, staleness, staleness_dir, where)
 
-    def evaluate(self, model, loss_and_accuracy, mnist, last_step):
+    def evaluate(self, model, loss_and_accuracy, mnist, last_step,
+                 logdir=None):
         """An evaluator's run: each new checkpoint in --logdir, measured on
         --eval_split, until the run's last, at last_step or where the chief
         ended; then, with --export_dir, its SavedModel. It waits while the
         chief answers, and --eval_timeout after. It ends the task; first,
-        one line if it cannot write its summaries in --logdir."""
-        _check(Logdir(FLAGS.logdir, self.name))
+        one line if it cannot write its summaries there. With `logdir` (a
+        TF2 run's), it follows that, and the coordinator exports."""
+        export = logdir is None
+        logdir = logdir or FLAGS.logdir
+        _check(Logdir(logdir, self.name))
         split = mnist_data.as_float(getattr(mnist, FLAGS.eval_split))
         chief = self.cluster['worker'][0]
         evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
-                         FLAGS.logdir, last_step, FLAGS.eval_timeout,
+                         logdir, last_step, FLAGS.eval_timeout,
                          mnist_data.IMAGE_PIXELS,
-                         on_last=lambda step, values: self._export(
-                             model, values, step,
-                             mnist_data.as_float(mnist.test)),
+                         on_last=export and (lambda step, values: (
+                             self._export(model, values, step,
+                                          mnist_data.as_float(mnist.test)))),
                          chief_answers=lambda: probes.answers(chief))
         self.end.leave()
 

@@ -3,11 +3,12 @@
 # NUM_WORKERS worker tasks of mnist_dist_async.py, mnist_dist_sync.py or
 # mnist_dist_tf2.py, one process each, with one log per task in RUN_DIR.
 # Prints each worker's final accuracy; exits 0 if every task did, 1 if any
-# failed, 130 if interrupted. Every process it started is gone when it
-# returns, whichever way. `compare` runs async, then sync (then tf2, with
-# -t), with the same flags and a --logdir each, and compares them with
-# launcher/compare.py; `straggler` does the same with the last worker
-# slowed, and adds a sync run with a backup worker.
+# failed, 130 if interrupted, 143 if terminated (SIGTERM, as a scheduler
+# preempts: the chief saves the model first). Every process it started is
+# gone when it returns, whichever way. `compare` runs async, then sync
+# (then tf2, with -t), with the same flags and a --logdir each, and
+# compares them with launcher/compare.py; `straggler` does the same with
+# the last worker slowed, and adds a sync run with a backup worker.
 #
 # By default the cluster runs in a private network namespace with only a
 # loopback device: TensorFlow's server has no authentication and listens on
@@ -61,7 +62,8 @@ mnist_dist_async.py --help lists them. ~ at the start of --data_dir and
 --logdir is the home directory.
 
 exit status: 0 if every task did, 1 if any task failed, 2 on a usage error,
-130 if interrupted (SIGINT or SIGTERM: every task is stopped first).
+130 if interrupted (SIGINT: every task is stopped first), 143 if
+terminated (SIGTERM: every task preempted, the chief saving the model).
 EOF
   exit 0
 }
@@ -99,7 +101,6 @@ if ((with_tf2)) && [[ $mode != compare ]]; then
 fi
 if [[ $mode == tf2 ]] || ((with_tf2)); then
   # What mnist_dist_tf2.py does not take, refused before any run.
-  ((evaluator)) && { echo "$0: error: mnist_dist_tf2.py has no evaluator (-e)" >&2; exit 2; }
   [[ -n $slow_ms ]] && { echo "$0: error: mnist_dist_tf2.py has no straggler (-s)" >&2; exit 2; }
 fi
 if [[ $mode == straggler || $mode == tf2 ]] && ((num_workers < 2)); then
@@ -157,10 +158,13 @@ worker_hosts=$(host_list $((base_port + num_ps)) "$num_workers")
 
 if [[ $mode == compare || $mode == straggler ]]; then
   failed=0 child=''
-  # Each run stops its own tasks on SIGTERM. In the background, where the
-  # trap can act at once, not after the run; and it ignores SIGINT there.
+  # Each run stops its own tasks, in the background, where the trap can
+  # act at once, not after the run; it ignores SIGINT there, and takes
+  # SIGHUP for it.
   trap 'echo "$0: interrupted, stopping every task" >&2
-        [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 130' INT TERM
+        [[ -n $child ]] && kill -HUP "$child" && wait "$child"; exit 130' INT
+  trap 'echo "$0: terminated, stopping every task" >&2
+        [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 143' TERM
   runs=(async sync)
   [[ $mode == straggler ]] && runs+=(backup)
   ((with_tf2)) && runs+=(tf2)
@@ -174,7 +178,7 @@ if [[ $mode == compare || $mode == straggler ]]; then
     child=$!
     wait "$child"
     status=$?
-    ((status == 130)) && exit 130
+    ((status == 130 || status == 143)) && exit $status
     ((status == 0)) || failed=1
   done
   "$python" "$here/launcher/compare.py" "$run_dir" || failed=1
@@ -195,17 +199,21 @@ start_task() {  # JOB INDEX [flags...]
     exit "${PIPESTATUS[0]}" ) &
 }
 
-stop_all() {
+stop_all() {  # SIGNAL, passed on to every task
   local pids=("${ps_pids[@]}" "${worker_pids[@]}" "${evaluator_pids[@]}") pid
-  for pid in "${pids[@]}"; do pkill -TERM -P "$pid"; done
-  for _ in {1..50}; do
+  for pid in "${pids[@]}"; do pkill -"$1" -P "$pid"; done
+  # After SIGTERM the chief saves the model, and the ps tasks wait for it
+  # (--preemption_grace); Kubernetes would wait 30 s too.
+  for _ in {1..300}; do
     pgrep -P "$(IFS=,; echo "${pids[*]}")" > /dev/null || break
     sleep 0.1
   done
   for pid in "${pids[@]}"; do pkill -KILL -P "$pid"; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 }
-trap 'echo "$0: interrupted, stopping every task" >&2; stop_all; exit 130' INT TERM
+trap 'echo "$0: interrupted, stopping every task" >&2; stop_all INT; exit 130' INT HUP
+trap 'echo "$0: terminated, stopping every task as a scheduler preempts them" >&2
+      stop_all TERM; exit 143' TERM
 
 if ((evaluator)); then
   # The evaluator follows the chief's checkpoints: they need a --logdir.

@@ -49,6 +49,10 @@ flags.DEFINE_integer('batch_size', 100, 'Images per training step.',
                      lower_bound=1)
 flags.DEFINE_integer('print_every_epochs', 10, 'Print the loss every this '
                      'many epochs.', lower_bound=1)
+# TF2: several steps a scheduled function, as the async script's several a
+# session.run; 1 is the lesson's.
+flags.DEFINE_integer('steps_per_run', 1, 'Training steps per scheduled '
+                     'function, each on its own batch.', lower_bound=1)
 
 
 def model(images, w, b):
@@ -72,9 +76,10 @@ def main(_):
     absl_logging.set_verbosity(absl_logging.FATAL)
 
     # TF2: a ps or worker only serves; it ends once the coordinator has.
-    if task.job_name != 'chief':
+    if task.job_name in ('ps', 'worker'):
         server = tf.distribute.Server(cluster, job_name=task.job_name,
-                                      task_index=task.index)
+                                      task_index=task.index,
+                                      config=task.config)
         task.serve(server)  # it ends the task
 
     mnist = task.load_mnist(FLAGS.batch_size)
@@ -83,6 +88,11 @@ def main(_):
     # epoch; the coordinator's share goes to the others.
     steps_per_epoch = n_batches * (cluster.num_tasks('worker') + 1)
     last_step = FLAGS.epochs * steps_per_epoch
+
+    # TF2: an evaluator measures the coordinator's checkpoints, outside the
+    # cluster.
+    if task.job_name == 'evaluator':
+        task.evaluate(model, mnist, last_step)  # it ends the task
 
     # TF2: the strategy finds the ps tasks and workers, and places each
     # variable made in its scope on a ps, round robin; with --split_w, w
@@ -126,14 +136,12 @@ def main(_):
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-    # TF2: one step, a function run on whichever worker is free: it reads w
+    # TF2: one step, run by the strategy on a worker's device: it reads w
     # and b, and applies its gradients to them on the ps, shard by shard (a
     # split w's are its .variables; one ps keeps it whole).
     params = list(getattr(w, 'variables', [w])) + [b]
 
-    @tf.function
-    def train_step(iterator):
-        x, y = next(iterator)
+    def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(
                 labels=y, logits=model(x, w, b)))
@@ -142,34 +150,47 @@ def main(_):
         global_step.assign_add(1)
         return loss
 
+    # TF2: --steps_per_run steps in one function, scheduled on whichever
+    # worker is free.
+    @tf.function
+    def train_steps(iterator):
+        loss = tf.constant(0.0)
+        for _ in tf.range(FLAGS.steps_per_run):
+            loss = strategy.run(train_step, args=next(iterator))
+        return loss
+
     log = task.log(start)
     step = start
     while step < last_step:
         epoch = step // steps_per_epoch
         end = min(last_step, (epoch + 1) * steps_per_epoch)
         # TF2: the steps are scheduled, not run: join() waits for them.
-        losses = [coordinator.schedule(train_step, args=(iterator,))
-                  for _ in range(end - step)]
+        losses = [coordinator.schedule(train_steps, args=(iterator,))
+                  for _ in range(-(-(end - step) // FLAGS.steps_per_run))]
         task.join(coordinator, global_step)
-        step = end
-        loss = losses[-1].fetch()
+        # TF2: reads of the ps, each within --stall_timeout: a frozen ps
+        # would block them for good. A step run again may pass `end`.
+        step, loss, validation_accuracy, test_accuracy = task.within(
+            lambda: (int(global_step.numpy()), losses[-1].fetch(),
+                     accuracy(model(validation.images, w, b),
+                              mnist.validation.labels),
+                     accuracy(model(test.images, w, b), mnist.test.labels)))
         if (epoch + 1) % FLAGS.print_every_epochs == 0:
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
                   % (task.task_index, epoch, step, step - start, loss),
                   flush=True)
-        log.epoch(step, loss=loss, validation_accuracy=accuracy(
-            model(validation.images, w, b),
-            mnist.validation.labels), test_accuracy=accuracy(
-            model(test.images, w, b), mnist.test.labels))
-        checkpoints.save(step)
+        log.epoch(step, loss=loss, validation_accuracy=validation_accuracy,
+                  test_accuracy=test_accuracy)
+        task.within(checkpoints.save, step)
 
-    final = accuracy(model(test.images, w, b), mnist.test.labels)
+    final = task.within(lambda: accuracy(model(test.images, w, b),
+                                         mnist.test.labels))
     print('worker=%d, final accuracy = %s' % (task.task_index, final),
           flush=True)
     log.final(step, final)
     # TF2: a SavedModel of the trained values, with the TF1 export's
     # signature; the ps tasks and workers are told to leave.
-    task.export(Serving(w, b, global_step), step, final)
+    task.within(task.export, Serving(w, b, global_step), step, final)
     task.leave()  # it ends the task
 
 

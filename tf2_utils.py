@@ -12,15 +12,33 @@ import tensorflow as tf
 from absl import flags
 
 import cluster_utils
+import mnist_data
 from ps_cluster import coordinated, errors, exits, liveness, probes
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
+from ps_cluster.logdir import Logdir
 
 FLAGS = flags.FLAGS
 # The errors of a lost ps, as the coordinator meets them: a lost worker's
 # steps TensorFlow's coordinator runs again on the others.
 LOST = (tf.errors.UnavailableError, tf.errors.AbortedError,
         tf.errors.CancelledError)
+# How many times in a row the coordinator starts again, each after twice
+# the wait of the one before, from a second: a ps lost again at once, five
+# times, is no longer one a scheduler brings back. Counted across its
+# process images in the environment; an epoch done ends the row.
+RESTARTS, RESTARTS_VARIABLE = 5, 'MNIST_DIST_TF2_RESTARTS'
+
+
+def is_ps_failure(error):
+    """Whether error is of a lost ps: a LOST one, or, as TensorFlow's own
+    coordinator counts it (_is_ps_failure), a device or tensor handle that
+    a ps started again at once no longer knows (tensorflow#62880)."""
+    return isinstance(error, LOST) or (
+        isinstance(error, tf.errors.InvalidArgumentError) and (
+            'unknown device' in error.message.lower()
+            or 'Unable to find the relevant tensor remote_handle'
+            in error.message))
 
 
 def start_task():
@@ -42,9 +60,9 @@ class Tf2Task:
     def __init__(self, task):
         self.task, self.end = task, task.end
         workers = task.cluster['worker']
-        if task.job_name == 'evaluator':
-            exits.usage_error('mnist_dist_tf2.py has no evaluator: its '
-                              'coordinator measures the model each epoch')
+        if task.job_name == 'evaluator' and FLAGS.split_w:
+            exits.usage_error('--split_w: an evaluator reads w whole, and '
+                              'TensorFlow 2 checkpoints its shards apart')
         if FLAGS.shard_data:
             exits.usage_error('--shard_data: mnist_dist_tf2.py\'s workers '
                               'read the coordinator\'s data, all of it')
@@ -56,13 +74,23 @@ class Tf2Task:
             'chief': workers[:1], 'worker': workers[1:],
             'ps': task.cluster['ps']})
         self.task_index = task.index
-        if task.job_name == 'ps':
-            self.job_name, self.index = 'ps', task.index
+        if task.job_name in ('ps', 'evaluator'):
+            self.job_name, self.index = task.job_name, task.index
         elif task.index == 0:
             self.job_name, self.index = 'chief', 0
         else:
             self.job_name, self.index = 'worker', task.index - 1
         self.name = '/job:%s/task:%d' % (self.job_name, self.index)
+        # The TF1 config of its server, but TensorFlow 2's strategy filters
+        # the devices itself, and, as its tutorial says, a server with fewer
+        # inter-op threads than the workers and the coordinator never
+        # finishes a step.
+        self.config = tf.compat.v1.ConfigProto()
+        self.config.CopyFrom(task.config)
+        del self.config.device_filters[:]
+        if self.config.inter_op_parallelism_threads:
+            self.config.inter_op_parallelism_threads = max(
+                self.config.inter_op_parallelism_threads, len(workers) + 1)
         # The workers said not to answer, and when each last answered.
         self._gone, self._heard = set(), {}
         self._checked = time.time()
@@ -72,17 +100,37 @@ class Tf2Task:
                   self.name, workers[0], ','.join(workers[1:]),
                   ','.join(task.cluster['ps'])), flush=True)
         # Only the coordinator can tell the others why it ends; TensorFlow
-        # 2's servers cannot tell it.
+        # 2's servers cannot tell it. An evaluator follows its word in
+        # --logdir/tf2.
+        self.saved = self.markers = None
         task.end.before_leaving(self._tell_servers
                                 if self.job_name == 'chief' else None)
         if self.job_name == 'chief':
+            if FLAGS.logdir:
+                self.markers = Logdir(os.path.join(FLAGS.logdir, 'tf2'),
+                                      self.name)
+            task.end.on_preemption(self._preempted, FLAGS.preemption_grace)
             self._end_on_errors()
 
     def load_mnist(self, images_per_step):
         """The data sets of --data_dir (cluster_utils.Task.load_mnist), once
         --logdir takes a file."""
         self.task.check_logdir()
+        if self.markers:
+            self.markers.forget_ended()
         return self.task.load_mnist(images_per_step)
+
+    def evaluate(self, model, mnist, last_step):
+        """An evaluator beside the run, as the TF1 scripts' (cluster_utils'
+        Task.evaluate()): each new checkpoint of the coordinator's, in
+        --logdir/tf2, which a TF1 Saver restores by its variables' names,
+        measured until the run's last. It ends the task."""
+        def graph_model(images):
+            return model(images, tf.compat.v1.get_variable(
+                'w', [mnist_data.IMAGE_PIXELS, mnist_data.NUM_CLASSES]),
+                tf.compat.v1.get_variable('b', [mnist_data.NUM_CLASSES]))
+        self.task.evaluate(graph_model, loss_and_accuracy, mnist, last_step,
+                           os.path.join(FLAGS.logdir, 'tf2'))
 
     def serve(self, server):
         """server.join() for a ps or worker, but it ends once the
@@ -120,13 +168,13 @@ class Tf2Task:
         TF1 script's in --logdir, read by name, is restored instead (with
         any split of w). Returns a Checkpoints."""
         self.saved = Checkpoints(FLAGS.logdir, variables)
-        self.end.on_preemption(self._preempted, FLAGS.preemption_grace)
         return self.saved
 
     def _preempted(self):
         """The coordinator's SIGTERM: its checkpoint of the variables as
         they stand, its servers told to wait for it, and its line."""
-        word = self.saved.save_now()
+        word = (self.saved.save_now() if self.saved
+                else 'saved nothing: it had not started')
         self._tell_servers('%s; the coordinator %s' % (coordinated.PREEMPTED,
                                                        word))
         print('worker=%d: preempted: %s' % (self.task_index, word),
@@ -177,11 +225,23 @@ class Tf2Task:
             if step != last:
                 last, moved = step, time.time()
             elif time.time() - moved > FLAGS.stall_timeout:
-                raise TaskFailed('no new global step for %g s; %s' % (
-                    FLAGS.stall_timeout,
-                    self._silent() or 'every task answers'))
+                raise TaskFailed('no new global step for %g s '
+                                 '(--stall_timeout); %s' % (
+                                     FLAGS.stall_timeout,
+                                     self._silent() or 'every task answers'))
         if joined[0] is not None:
             raise joined[0]
+        os.environ.pop(RESTARTS_VARIABLE, None)
+
+    def within(self, function, *args):
+        """function(*args), a call into the cluster; or, once it has taken
+        --stall_timeout (a frozen ps blocks it for good), TaskFailed naming
+        the tasks that do not answer."""
+        try:
+            return call_within(FLAGS.stall_timeout, function, *args)
+        except TimeoutError:
+            raise TaskFailed('no answer for %g s (--stall_timeout); %s' % (
+                FLAGS.stall_timeout, self._silent() or 'every task answers'))
 
     def _end_on_errors(self):
         """An error of TensorFlow's that the coordinator's main thread
@@ -198,7 +258,7 @@ class Tf2Task:
                 # and the thread that ends the task ends the process.
                 threading.Event().wait()
             try:
-                if issubclass(kind, LOST):
+                if is_ps_failure(error):
                     self._start_again(error)
                 if issubclass(kind, tf.errors.OpError):
                     self.end.fail(errors.what_went_wrong(error))
@@ -248,9 +308,11 @@ class Tf2Task:
               flush=True)
 
     def leave(self):
-        """Tells the ps tasks and workers the run is done, and ends this
-        task, status 0."""
+        """Tells the ps tasks and workers the run is done, and an evaluator
+        its last checkpoint, and ends this task, status 0."""
         self._tell_servers(coordinated.DONE)
+        if self.markers and self.saved.last is not None:
+            self.markers.say_done(self.saved.last)
         self.end.leave()
 
     def _coordinator(self):
@@ -261,6 +323,8 @@ class Tf2Task:
                 enumerate(self.cluster.job_tasks(job))}
 
     def _tell_servers(self, word):
+        if self.markers and word != coordinated.DONE:
+            self.markers.say_left(word)
         servers = {**self._tasks('ps'), **self._tasks('worker')}
         coordinated.tell(servers, word, exits.TaskEnd.LAST_WORDS_SECS)
 
@@ -294,11 +358,29 @@ class Tf2Task:
         for name, address in silent:
             if not poll(lambda: probes.answers(address), FLAGS.ps_timeout, 1):
                 raise TaskFailed('lost the connection to %s (%s), which did '
-                                 'not come back within %g s' % (
-                                     name, address, FLAGS.ps_timeout))
-        print('worker=%d: starting again, from the last checkpoint in '
-              '--logdir if there is one' % self.task_index, flush=True)
+                                 'not come back within %g s (--ps_timeout)'
+                                 % (name, address, FLAGS.ps_timeout))
+        restart = int(os.environ.get(RESTARTS_VARIABLE, 0)) + 1
+        if restart > RESTARTS:
+            raise TaskFailed('lost a ps task %d times in a row, without an '
+                             'epoch between: %s' % (
+                                 RESTARTS, errors.what_went_wrong(error)))
+        print('worker=%d: starting again (%d of %d times in a row) in %d s, '
+              'from the last checkpoint in --logdir if there is one'
+              % (self.task_index, restart, RESTARTS, 2 ** (restart - 1)),
+              flush=True)
+        time.sleep(2 ** (restart - 1))
+        os.environ[RESTARTS_VARIABLE] = str(restart)
         os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+def loss_and_accuracy(logits, labels):
+    """The book's loss and accuracy, in a TF1 graph (an evaluator's), of
+    the logits against one-hot labels."""
+    loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+    right = tf.equal(tf.argmax(logits, 1), tf.argmax(labels, 1))
+    return loss, tf.reduce_mean(tf.cast(right, tf.float32))
 
 
 class Checkpoints:
@@ -308,7 +390,7 @@ class Checkpoints:
 
     def __init__(self, logdir, variables):
         self.source = 'new variables'
-        self.manager = None
+        self.manager = self.last = None
         self.logdir, self.variables = logdir, variables
         if not logdir:
             return
@@ -332,6 +414,7 @@ class Checkpoints:
     def save(self, step):
         if self.manager:
             self.manager.save(checkpoint_number=step)
+            self.last = step
 
     def save_now(self):
         """A checkpoint of the variables as they stand, for a preemption;

@@ -108,10 +108,17 @@ def tell(tasks, word, secs):
 
 
 def read(name, address):
-    """The word on the task `name` at address, or None if it does not
-    answer."""
+    """The word on the task `name` at address; None if it does not answer,
+    at once (a frozen task accepts connections, and a run on it can block
+    past its timeout)."""
+    if not probes.answers(address, 1.0):
+        return None
     with tf.Graph().as_default() as graph:
-        word = _run(name, address, graph, _word(name))
+        fetch = _word(name)
+    try:
+        word = call_within(2, _run, name, address, graph, fetch)
+    except TimeoutError:
+        return None
     return word and word.decode()
 
 

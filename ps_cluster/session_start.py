@@ -24,6 +24,9 @@ class SessionCreator(tf.train.SessionCreator):
     # How long the Supervisor's threads may take to stop after a lost ps:
     # one may wait on a ps that froze as it left.
     STOP_SECS = 10
+    # How long closing a preemption's session, and telling the ps tasks,
+    # may each take of the grace.
+    TELL_SECS = 3
 
     def __init__(self, sv, server, config, place, hooks, watch,
                  startup_timeout, ps_timeout, logdir=None, tokens=None):
@@ -48,12 +51,12 @@ class SessionCreator(tf.train.SessionCreator):
             self.place.index, lost.message if preempted else self._lost(lost),
             self.ps_timeout), flush=True)
         deadline = Deadline(self.ps_timeout, '--ps_timeout')
+        # The workers hold their updates, the chief saves, then the ps goes;
+        # stopping the threads, first, could take up the ps's grace.
+        if preempted and self.sv.is_chief:
+            print('worker=0: %s' % self.preempted(hold=True), flush=True)
         self._stop_threads()
         if preempted:
-            # The workers hold their updates, the chief saves, then the ps
-            # goes.
-            if self.sv.is_chief:
-                print('worker=0: %s' % self.preempted(hold=True), flush=True)
             poll(lambda: not probes.answers(lost.address), deadline.left(),
                  0.2)
 
@@ -111,25 +114,35 @@ class SessionCreator(tf.train.SessionCreator):
         the workers hold their updates (the global step stands still over
         a beat). Each ps that says it was preempted is told what became of
         it; returns that."""
-        word = 'has no --logdir to save the model in'
-        steps = []
+        word, sess, steps = 'has no --logdir to save the model in', None, []
 
         def held():
-            steps.append(sess.run(self.sv.global_step))
+            steps.append(sess.run(self.sv.global_step,
+                                  options=liveness.Watchdog.RUN_OPTIONS))
             return steps[-2:] == steps[-1:] * 2
-        try:
-            with tf.Session(self.server.target, graph=self.sv.global_step.graph,
-                            config=self.config) as sess:
-                if hold and self.logdir:
+        if self.logdir:
+            sess = tf.Session(self.server.target,
+                              graph=self.sv.global_step.graph,
+                              config=self.config)
+            try:
+                if hold:
                     poll(held, 5, liveness.Watchdog.POLL_SECS + 0.1)
-                if self.logdir:
-                    word = ('saved the model at global_step=%d'
-                            % self.logdir.save(self.sv, sess))
-        except (tf.errors.OpError, ValueError) as e:
-            word = ('cannot save the model in --logdir=%s (%s): its updates '
-                    'since the last checkpoint are lost' % (
-                        self.logdir.path, errors.what_went_wrong(e)))
-        liveness.say_saved(self.place.cluster, word)
+                word = ('saved the model at global_step=%d'
+                        % self.logdir.save(self.sv, sess))
+            except (tf.errors.OpError, ValueError) as e:
+                word = ('cannot save the model in --logdir=%s (%s): its '
+                        'updates since the last checkpoint are lost' % (
+                            self.logdir.path, errors.what_went_wrong(e)))
+        # Each within a deadline, to leave the grace to the save: `with`
+        # waits 30 s for a close after an error, and a ps that leaves once
+        # told can hold up the close of the session that told it.
+        for call, args in ((sess and sess.close, ()), (
+                liveness.say_saved, (self.place.cluster, word))):
+            try:
+                if call:
+                    call_within(self.TELL_SECS, call, *args)
+            except (TimeoutError, tf.errors.OpError):
+                pass
         return word
 
     def _watchdog(self, deadline):

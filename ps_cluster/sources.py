@@ -51,16 +51,27 @@ def from_host_lists(ps, worker):
 
 
 def from_tf_config():
-    """The cluster of TF_CONFIG, and this task's job and index in it. An
-    evaluator, which TF_CONFIG may list, is no task of the cluster."""
+    """The cluster of TF_CONFIG, and this task's job and index in it. A
+    chief job (TensorFlow 2's shape, a TFJob's Chief, Volcano's chief task)
+    is worker 0, the workers after it in order; an evaluator, which
+    TF_CONFIG may list, is no task of the cluster, as TensorFlow keeps it
+    out."""
     try:
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         jobs = resolver.cluster_spec().as_dict()
-        jobs.pop('evaluator', None)
-        return (tf.train.ClusterSpec(jobs), resolver.task_type,
-                resolver.task_id)
+        job, index = resolver.task_type, resolver.task_id
     except (KeyError, RuntimeError) as e:
         raise ValueError(e)
+    jobs.pop('evaluator', None)
+    chief = jobs.pop('chief', [])
+    if len(chief) > 1:
+        raise ValueError('%d chief tasks: a cluster has one at most'
+                         % len(chief))
+    if chief:
+        jobs['worker'] = chief + jobs.get('worker', [])
+        job, index = {'chief': ('worker', 0), 'worker': ('worker', index + 1)
+                      }.get(job, (job, index))
+    return tf.train.ClusterSpec(jobs), job, index
 
 
 def check(cluster):
@@ -69,7 +80,7 @@ def check(cluster):
     another would serve the wrong devices to the tasks that come to it."""
     if sorted(cluster.jobs) != ['ps', 'worker']:
         raise ValueError('the cluster needs jobs ps and worker (worker 0 is '
-                         'the chief), not %s'
+                         'the chief; or a chief job), not %s'
                          % ', '.join(sorted(cluster.jobs)))
     addresses = cluster.job_tasks('ps') + cluster.job_tasks('worker')
     for address in addresses:

@@ -1,12 +1,14 @@
-"""For test_examples.py: a JobSet manifest checked against JobSet's own CRD
-schema, and its pods as the JobSet and Job controllers and the kubelet
-would make them, each to be run as a podman container.
+"""For test_examples.py: a JobSet or Volcano Job manifest checked against
+its own CRD schema, and its pods as their controllers (and Volcano's
+plugins) and the kubelet would make them, each to be run as a podman
+container.
 
 The translation knows the fields the examples use, and fails on any other,
 and on a $(VAR) that no environment variable of the container defines: a
 pod it cannot make as Kubernetes would is no test of the manifest."""
 
 import collections
+import json
 import os
 import re
 
@@ -17,6 +19,8 @@ import yaml
 # tests/data/README.md).
 CRD = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
                    'jobset.x-k8s.io_jobsets.yaml')
+# Volcano's Job CRD, copied unchanged from volcano-sh/volcano (the same).
+VOLCANO_CRD = os.path.join(os.path.dirname(CRD), 'batch.volcano.sh_jobs.yaml')
 
 Pod = collections.namedtuple('Pod', [
     'hostname', 'fqdn', 'replicated_job', 'labels', 'env', 'argv', 'mounts',
@@ -31,6 +35,9 @@ KNOWN = {
     'replicatedJob': {'name', 'replicas', 'template'},
     'job': {'parallelism', 'completions', 'completionMode', 'backoffLimit',
             'template'},
+    'vcjob.spec': {'schedulerName', 'minAvailable', 'plugins', 'policies',
+                   'tasks'},
+    'task': {'name', 'replicas', 'policies', 'template'},
     'pod': {'restartPolicy', 'terminationGracePeriodSeconds', 'containers',
             'volumes'},
     'container': {'name', 'image', 'command', 'args', 'env', 'ports',
@@ -63,10 +70,11 @@ def selects(selector, labels):
     return selector['matchLabels'].items() <= labels.items()
 
 
-def crd_problems(manifest):
-    """What JobSet's API server would refuse in manifest, or prune from it
-    unseen (a field its schema does not name), one line each."""
-    crd = load(CRD)
+def crd_problems(manifest, crd=CRD):
+    """What the API server would refuse in manifest, by the CRD at `crd`
+    (JobSet's by default), or prune from it unseen (a field its schema does
+    not name), one line each."""
+    crd = load(crd)
     version, = [v for v in crd['spec']['versions']
                 if v['name'] == manifest['apiVersion'].split('/')[1]]
     schema = version['schema']['openAPIV3Schema']
@@ -75,8 +83,8 @@ def crd_problems(manifest):
         for part in error.absolute_path) or '.', error.message)
                 for error in jsonschema.Draft7Validator(schema).iter_errors(
                     manifest)]
-    return problems + ['%s: unknown field, not in JobSet\'s schema' % path
-                       for path in _unknown(manifest, schema, '')]
+    return problems + ['%s: unknown field, not in %s\'s schema' % (
+        path, manifest['kind']) for path in _unknown(manifest, schema, '')]
 
 
 def _unknown(value, schema, path):
@@ -176,6 +184,45 @@ def jobset_pods(manifest, claims):
                     cpu and _cpu_shares(str(cpu)),
                     pod['restartPolicy'] == 'OnFailure',
                     pod.get('terminationGracePeriodSeconds', 30)))
+    return pods
+
+
+def vcjob_pods(manifest, claims):
+    """The pods of a Volcano Job of the svc and tensorflow plugins, one Pod
+    each, as jobset_pods(): hostname <job>-<task>-<index>, DNS name under
+    the Job's name, and the TF_CONFIG the tensorflow plugin writes: every
+    task of the Job by its role (its task's name), on port 2222, this pod's
+    type and index."""
+    _only('vcjob.spec', manifest['spec'], '.spec')
+    name = manifest['metadata']['name']
+    tasks = manifest['spec']['tasks']
+    cluster = {task['name']: ['%s-%s-%d.%s:2222' % (
+        name, task['name'], i, name) for i in range(task['replicas'])]
+        for task in tasks}
+    pods = []
+    for t, task in enumerate(tasks):
+        path = '.spec.tasks[%d]' % t
+        _only('task', task, path)
+        pod = task['template']['spec']
+        _only('pod', pod, path + '.template.spec')
+        container, = pod['containers']
+        _only('container', container, path + '.template.spec.containers[0]')
+        volumes = {v['name']: claims[v['persistentVolumeClaim']['claimName']]
+                   for v in pod.get('volumes', [])}
+        for index in range(task['replicas']):
+            hostname = '%s-%s-%d' % (name, task['name'], index)
+            env = {'TF_CONFIG': json.dumps({'cluster': cluster, 'task': {
+                'type': task['name'], 'index': index}})}
+            pods.append(Pod(
+                hostname, '%s.%s' % (hostname, name), task['name'],
+                {'volcano.sh/job-name': name}, env,
+                container['command'] + container.get('args', []),
+                [(volumes[m['name']], m['mountPath'],
+                  m.get('readOnly', False))
+                 for m in container.get('volumeMounts', [])],
+                _cpu_shares(str(container['resources']['requests']['cpu'])),
+                pod['restartPolicy'] == 'OnFailure',
+                pod.get('terminationGracePeriodSeconds', 30)))
     return pods
 
 

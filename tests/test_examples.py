@@ -472,7 +472,8 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
     twice mid-run: its ps alone (SIGTERM) while the workers keep their
     pods, which restarts in place; then every pod, as Kueue suspends the
     set, which is admitted again. Each time the run resumes at the step the
-    chief saved, and the set completes."""
+    chief saved (or at its checkpoint loop's, after it), and the set
+    completes."""
     data = tmp_path / 'data'
     shutil.copytree(small_data, str(data / 'mnist'))
     runs = {}
@@ -496,9 +497,10 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
         run.suspend()
         saved = re.search(r'^worker=0: preempted: saved the model at '
                           r'global_step=(\d+)$', procs.output(chief), re.M)
-        run.resumed.append(procs.wait_for_output(
-            run.pods_of('workers')[0], RESTORED, START_UP).group(1)
-            == saved.group(1))
+        # Or at a later checkpoint, of updates that came after.
+        run.resumed.append(int(procs.wait_for_output(
+            run.pods_of('workers')[0], RESTORED, START_UP).group(1))
+            >= int(saved.group(1)))
         return run.run(600)
     try:
         for mode in ('async', 'sync'):
@@ -539,3 +541,71 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
 
 
 RESTORED = (r'^worker=0: restored the model from \S+ at global_step=(\d+), ')
+
+
+def vcjob():
+    return kubelet.load(os.path.join(EXAMPLES, 'vcjob-tf2.yaml'))
+
+
+def test_vcjob_manifest():
+    manifest = vcjob()
+    assert kubelet.crd_problems(manifest, kubelet.VOLCANO_CRD) == []
+    spec = manifest['spec']
+    assert set(spec['plugins']) == {'svc', 'tensorflow'}
+    # Gang-scheduled: every pod at once, or none.
+    assert spec['minAvailable'] == sum(t['replicas'] for t in spec['tasks'])
+    chief, = [t for t in spec['tasks'] if t['name'] == 'chief']
+    assert chief['policies'] == [{'event': 'TaskCompleted',
+                                  'action': 'CompleteJob'}]
+    pods = kubelet.vcjob_pods(manifest, {'mnist-data': '/claims/data',
+                                         'mnist-logs': '/claims/logs'})
+    assert sorted(pod.replicated_job for pod in pods) == [
+        'chief', 'evaluator', 'ps', 'worker', 'worker']
+    for pod in pods:
+        check_command(pod.argv)
+        # The cluster and the task from TF_CONFIG alone.
+        assert not [a for a in pod.argv if a.split('=')[0] in (
+            '--ps', '--worker', '--job_name', '--task_index')]
+        assert '--logdir=/logs/tf2' in pod.argv
+        if pod.replicated_job in ('ps', 'chief'):  # they save when preempted
+            assert pod.grace > 20
+
+
+@pytest.mark.slow
+def test_vcjob_in_containers(image, procs, small_data, tmp_path):
+    """Volcano's Job of the TF2 script pod by pod, each with the TF_CONFIG
+    Volcano's tensorflow plugin writes (a chief job, the evaluator listed):
+    the chief completes, and so the Job; the others end with it, and the
+    evaluator measures the last checkpoint."""
+    data, logs = tmp_path / 'data', tmp_path / 'logs'
+    shutil.copytree(small_data, str(data / 'mnist'))
+    logs.mkdir()
+    manifest = vcjob()
+    for task in manifest['spec']['tasks']:
+        container, = task['template']['spec']['containers']
+        container['args'] = [a.replace('--epochs=50', '--epochs=4')
+                             for a in container['args']] + [
+            '--validation_size=100', '--print_every_epochs=1',
+            '--learning_rate=0.5']
+    pods = kubelet.vcjob_pods(manifest, {'mnist-data': str(data),
+                                         'mnist-logs': str(logs)})
+    network = 'mnist-dist-tf2-%s' % uuid.uuid4().hex[:6]
+    assert podman('network', 'create', network).returncode == 0
+    try:
+        running = {pod.replicated_job + str(i): procs.start(
+            kubelet.podman_run(pod, image, network, network), pod.hostname)
+            for i, pod in enumerate(pods)}
+        procs.wait_all(list(running.values()), START_UP)
+    finally:
+        podman('rm', '--force', '--ignore', '--time=0', *[
+            '%s-%s' % (network, pod.hostname) for pod in pods], timeout=60)
+        podman('network', 'rm', '--force', network, timeout=60)
+    outputs = {name: assert_clean_exit(procs, proc, 0)
+               for name, proc in running.items()}
+    chief, = [o for name, o in outputs.items() if name.startswith('chief')]
+    # 4 epochs of 10 steps for each of 3 workers, as the async script counts.
+    assert final_accuracies(chief)[0] > 0.9
+    assert os.listdir(logs / 'tf2-serving') == ['120']
+    evaluator, = [o for name, o in outputs.items()
+                  if name.startswith('evaluator')]
+    assert evaluations(evaluator)[-1][0] == 120

@@ -94,28 +94,52 @@ def run_tasks(procs, script, envs, *flags, timeout=START_UP):
     return [assert_clean_exit(procs, task, 0) for task in tasks]
 
 
+# Each script's tasks in TF_CONFIG's shape, task by task: (type, index) of
+# TF_CONFIG, and the task of the TF1 scripts' cluster it is. The TF1 shape
+# (worker 0 the chief), and TensorFlow 2's, a chief job beside the workers,
+# as Volcano's tensorflow plugin and a TFJob with a Chief write it.
+TF1_SHAPE = [(('evaluator', 0), 'evaluator', 0), (('worker', 2), 'worker', 2),
+             (('worker', 1), 'worker', 1), (('worker', 0), 'worker', 0),
+             (('ps', 0), 'ps', 0)]
+CHIEF_SHAPE = [(('evaluator', 0), 'evaluator', 0), (('worker', 1), 'worker', 2),
+               (('worker', 0), 'worker', 1), (('chief', 0), 'worker', 0),
+               (('ps', 0), 'ps', 0)]
+
+
+def tf_config_of(ports, job, index, chief):
+    """TF_CONFIG of 1 ps and 3 workers at ports, with an evaluator listed
+    as Estimator and Volcano list it (Kubeflow does not); in the chief
+    shape, worker 0 as the chief job."""
+    hosts = ['localhost:%d' % p for p in ports]
+    cluster = {'ps': hosts[:1], 'worker': hosts[1:],
+               'evaluator': ['localhost:1']}
+    if chief:
+        cluster.update(chief=hosts[1:2], worker=hosts[2:])
+    return json.dumps({'cluster': cluster,
+                       'task': {'type': job, 'index': index}})
+
+
 @pytest.mark.slow
 def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
                                                    small_data, tmp_path):
-    # Both scripts side by side, the sync one with a backup worker. An
-    # evaluator first, which TF_CONFIG lists as Estimator did (Kubeflow does
-    # not), and which is no task of the cluster; the workers before the ps,
-    # the chief last; each started once the one before knows its cluster.
-    tasks = [('evaluator', 0), ('worker', 2), ('worker', 1), ('worker', 0),
-             ('ps', 0)]
+    # The three scripts side by side: sync in the TF1 shape, with a backup
+    # worker; async and tf2 with a chief job. An evaluator first, which is
+    # no task of the cluster; the workers before the ps, the chief last;
+    # each started once the one before knows its cluster.
+    shapes = {'async': CHIEF_SHAPE, 'sync': TF1_SHAPE, 'tf2': CHIEF_SHAPE}
     extra = {script: ['--logdir=%s' % (tmp_path / script)] for script in
-             ('async', 'sync')}
+             shapes}
     extra['sync'].append('--replicas_to_aggregate=2')
-    ports = {script: free_ports(4) for script in extra}
-    started = {script: [] for script in extra}
-    for job, index in tasks:
-        for script, flags in extra.items():
-            env = {'TF_CONFIG': tf_config(ports[script][:1],
-                                          ports[script][1:], job, index,
-                                          evaluator=['localhost:1'])}
+    ports = {script: free_ports(4) for script in shapes}
+    started = {script: [] for script in shapes}
+    for step in range(5):
+        for script, shape in shapes.items():
+            (job, index), _, _ = shape[step]
+            env = {'TF_CONFIG': tf_config_of(ports[script], job, index,
+                                             shape is CHIEF_SHAPE)}
             started[script].append(procs.forked(
                 'mnist_dist_%s.py' % script,
-                ['--data_dir=' + small_data] + SMALL_RUN + flags,
+                ['--data_dir=' + small_data] + SMALL_RUN + extra[script],
                 '%s%s%d' % (script, job, index), env=env))
         for run in started.values():
             procs.wait_for_output(run[-1], r': cluster from TF_CONFIG: ',
@@ -123,20 +147,22 @@ def test_cluster_from_tf_config_in_any_start_order(procs, free_ports,
     procs.wait_all([p for run in started.values() for p in run],
                    START_UP)
     for script, run in started.items():
-        for proc, (job, index) in zip(run, tasks):
+        for proc, (_, job, index) in zip(run, shapes[script]):
             output = assert_clean_exit(procs, proc, 0)
             assert re.search(r'^/job:%s/task:%d: cluster from TF_CONFIG: ps '
                              r'localhost:%d, workers ' % (
                                  job, index, ports[script][0]),
                              output, re.M), output
-            if job == 'worker':
+            if job == 'worker' and (script != 'tf2' or index == 0):
                 assert index in final_accuracies(output)
             if job == 'evaluator':  # to the last step: 6 epochs of 10
                 assert evaluations(output)[-1][0] == (
-                    180 if script == 'async' else 60)
-        workers = [procs.output(proc) for proc, (job, _) in zip(run, tasks)
-                   if job == 'worker']
-        assert run_accuracy(workers, script) > 0.9
+                    60 if script == 'sync' else 180)
+        workers = [procs.output(proc) for proc, (_, job, _) in
+                   zip(run, shapes[script]) if job == 'worker']
+        accuracy = (final_accuracies(workers[-1])[0] if script == 'tf2'
+                    else run_accuracy(workers, script))
+        assert accuracy > 0.9
 
 
 @pytest.mark.slow
@@ -166,8 +192,11 @@ SOURCE_ERRORS = [
     ({'TF_CONFIG': tf_config([9001], [9002, 9003], 'worker', 1)},
      ['--task_index=0'], ['--task_index=0, but TF_CONFIG says 1']),
     ({'TF_CONFIG': tf_config([9001], [9002], 'worker', 0,
-                             chief=['localhost:9005'])},
+                             master=['localhost:9005'])},
      [], ['TF_CONFIG', 'needs jobs ps and worker']),
+    ({'TF_CONFIG': tf_config([9001], [9002], 'worker', 0,
+                             chief=['localhost:9005', 'localhost:9006'])},
+     [], ['TF_CONFIG: 2 chief tasks: a cluster has one at most']),
     ({'TF_CONFIG': '{"cluster": '}, [], ['TF_CONFIG']),
     ({}, [], ['--job_name is required']),
 ]
@@ -178,3 +207,17 @@ def test_cluster_source_errors(env, args, words, monkeypatch, capsys):
     line = usage_error(args, env, monkeypatch, capsys)
     for word in words:
         assert word in line
+
+
+@pytest.mark.parametrize('job, index, task', [
+    ('chief', 0, ('worker', 0)), ('worker', 1, ('worker', 2)),
+    ('ps', 0, ('ps', 0)), ('evaluator', 0, ('evaluator', 0))])
+def test_a_chief_job_is_worker_0_and_the_evaluator_no_task(monkeypatch, job,
+                                                           index, task):
+    monkeypatch.setenv('TF_CONFIG', tf_config_of([1, 2, 3, 4], job, index,
+                                                 chief=True))
+    cluster, *found = sources.from_tf_config()
+    assert cluster.as_dict() == {
+        'ps': ['localhost:1'],
+        'worker': ['localhost:2', 'localhost:3', 'localhost:4']}
+    assert tuple(found) == task
