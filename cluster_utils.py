@@ -262,6 +262,9 @@ class Task:
                                FLAGS.preemption_grace)
         left = ps.serve_until_workers_gone(FLAGS.startup_timeout,
                                            FLAGS.worker_timeout)
+        # Ctrl-C or SIGTERM may have begun its end: its line is the last.
+        if self.end.ending():
+            threading.Event().wait()
         if left:
             index, reason = left[0]
             others = (' (and %d more: their own lines say why)'

@@ -190,12 +190,12 @@ start_task() {  # JOB INDEX [flags...]
   local job=$1 index=$2
   shift 2
   # The whole output goes to the task's log; its training lines and errors
-  # to the terminal too. tee and grep ignore stop_all's SIGTERM and end with
+  # to the terminal too. tee and grep ignore stop_all's signal and end with
   # the task, so that its last line still reaches its log.
   ( "$python" "$here/mnist_dist_$mode.py" --job_name="$job" --task_index="$index" \
       --ps="$ps_hosts" --worker="$worker_hosts" "$@" 2>&1 \
-      | (trap '' TERM; exec tee "$run_dir/$job$index.log") \
-      | (trap '' TERM; exec grep --line-buffered -E '^(worker=|evaluator:)|: error: ')
+      | (trap '' INT TERM; exec tee "$run_dir/$job$index.log") \
+      | (trap '' INT TERM; exec grep --line-buffered -E '^(worker=|evaluator:)|: error: ')
     exit "${PIPESTATUS[0]}" ) &
 }
 

@@ -56,6 +56,8 @@ class Tf2Task:
     # How often the coordinator asks its workers whether they answer, while
     # it waits for their steps.
     WORKER_CHECK_SECS = 2
+    # How long the coordinator tries to tell its servers it is done.
+    DONE_SECS = 30
 
     def __init__(self, task):
         self.task, self.end = task, task.end
@@ -310,7 +312,8 @@ class Tf2Task:
     def leave(self):
         """Tells the ps tasks and workers the run is done, and an evaluator
         its last checkpoint, and ends this task, status 0."""
-        self._tell_servers(coordinated.DONE)
+        # Not in a hurry: a busy machine's servers answer late.
+        self._tell_servers(coordinated.DONE, self.DONE_SECS)
         if self.markers and self.saved.last is not None:
             self.markers.say_done(self.saved.last)
         self.end.leave()
@@ -322,11 +325,11 @@ class Tf2Task:
         return {'/job:%s/task:%d' % (job, i): address for i, address in
                 enumerate(self.cluster.job_tasks(job))}
 
-    def _tell_servers(self, word):
+    def _tell_servers(self, word, secs=exits.TaskEnd.LAST_WORDS_SECS):
         if self.markers and word != coordinated.DONE:
             self.markers.say_left(word)
         servers = {**self._tasks('ps'), **self._tasks('worker')}
-        coordinated.tell(servers, word, exits.TaskEnd.LAST_WORDS_SECS)
+        coordinated.tell(servers, word, secs)
 
     def _silent(self):
         """Which ps tasks and workers do not answer, in words."""

@@ -99,22 +99,23 @@ class TaskEnd:
         threading.Thread(target=end, daemon=True, name='signals').start()
 
     def _end(self, line, reason, status, tell=True):
-        """One line on stderr, if any; the cluster told `reason`, unless
-        not `tell`; then the end, with status. A second end waits for
+        """The cluster told `reason`, unless not `tell`; one line on
+        stderr, if any, the task's last (its other threads may print while
+        it tells); then the end, with status. A second end waits for
         good."""
         if not self._ending.acquire(blocking=False):
             threading.Event().wait()
         if callable(line):
             line = line()
+        if tell:
+            self._say_last_words(reason)
         try:
+            sys.stdout.flush()
             if line:
                 print('%s: %s' % (self.name(), line), file=sys.stderr,
                       flush=True)
-        except OSError:  # nobody reads stderr any more
+        except OSError:  # nobody reads stdout or stderr any more
             pass
-        if tell:
-            self._say_last_words(reason)
-        sys.stdout.flush()
         os._exit(status)
 
     def _save(self):

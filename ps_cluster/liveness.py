@@ -38,7 +38,6 @@ class Preempted(tf.errors.UnavailableError):
     def __init__(self, task, address):
         super().__init__(None, None, '%s (%s) was preempted' % (task,
                                                                  address))
-        self.address = address
 
 
 def has_left(beats):
@@ -96,6 +95,14 @@ def say_saved(cluster, word):
                    farewell.assign(tf.where(
                        tf.equal(farewell, PREEMPTED),
                        '%s; the chief %s' % (PREEMPTED, word), farewell)))
+
+
+def preempted(cluster):
+    """Whether a ps task says it was preempted: it answers until the chief
+    has saved; one started again says nothing."""
+    return any((_run_on_ps(cluster, k, lambda *counters: counters[2]) or b''
+                ).decode().startswith(PREEMPTED)
+               for k in range(cluster.num_tasks('ps')))
 
 
 def silent_workers(place):

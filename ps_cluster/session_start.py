@@ -51,19 +51,17 @@ class SessionCreator(tf.train.SessionCreator):
             self.place.index, lost.message if preempted else self._lost(lost),
             self.ps_timeout), flush=True)
         deadline = Deadline(self.ps_timeout, '--ps_timeout')
-        # The workers hold their updates, the chief saves, then the ps goes;
-        # stopping the threads, first, could take up the ps's grace.
+        # The workers hold their updates, the chief saves, then the ps goes.
         if preempted and self.sv.is_chief:
             print('worker=0: %s' % self.preempted(hold=True), flush=True)
-        self._stop_threads()
-        if preempted:
-            poll(lambda: not probes.answers(lost.address), deadline.left(),
-                 0.2)
 
         def created():
             nonlocal lost
-            if probes.silent(self.place.cluster, 'ps'):
+            if probes.silent(self.place.cluster, 'ps') or (
+                    preempted and liveness.preempted(self.place.cluster)):
                 return None
+            # Once the ps answers: closing a session waits on a ps gone.
+            self._stop_threads()
             try:
                 return [self._create()]
             except (tf.errors.OpError, RuntimeError) as e:
@@ -72,7 +70,6 @@ class SessionCreator(tf.train.SessionCreator):
                 if not errors.is_lost(lost):
                     raise lost
                 self.sv.coord.request_stop(e)
-                self._stop_threads()
                 return None
         session = poll(created, deadline.left(), 0.5)
         if not session:

@@ -205,3 +205,54 @@ def test_a_preemption_loses_no_step(procs, free_ports, small_data, tmp_path):
     assert start_step == str(saved)
     assert source == 'the checkpoint %s' % (tmp_path / 'L' / 'tf2' /
                                             ('ckpt-%d' % saved))
+
+
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+def test_a_frozen_ps_for_good_for_a_while_and_restarted_at_once(
+        procs, free_ports, small_data, tmp_path):
+    """Side by side: a ps frozen for good (SIGSTOP) ends every task, the
+    coordinator naming the ps, within --stall_timeout and a minute; a ps
+    frozen 20 s, then thawed, and a ps killed and started again at once
+    (TensorFlow's own kinds of a lost ps among the errors), each run ends
+    with every task exit 0 and its final accuracy."""
+    runs = {}
+    for name, stall in (('forever', 10), ('a-while', 60), ('restarted', 60)):
+        ports = free_ports(4)
+        flags = ['--data_dir=' + small_data, '--print_every_epochs=1',
+                 '--logdir=%s' % (tmp_path / name), '--epochs=%d' % (
+                     1000 if name == 'forever' else 40),
+                 '--stall_timeout=%d' % stall, '--worker_timeout=10', *SMALL]
+        runs[name] = ports, flags, procs.cluster('tf2', lambda n: ports,
+                                                 *flags, name=name)
+    epoch = r'^worker=0,epoch=2,'
+    for name, (ports, flags, (ps, workers)) in runs.items():
+        procs.wait_for_output(workers[0], epoch, START_UP)
+        if name == 'restarted':
+            ps.kill()
+            ps.wait()
+            runs[name] = ports, flags, (procs.script(
+                'tf2', 'ps', 0, ports[:1], ports[1:], *flags,
+                name=name + '-again'), workers)
+        else:
+            os.kill(ps.pid, signal.SIGSTOP)
+    stopped = time.time()
+    _, _, (ps, workers) = runs['a-while']
+    time.sleep(20)
+    os.kill(ps.pid, signal.SIGCONT)
+
+    _, _, (frozen, workers) = runs['forever']
+    procs.wait_all(workers, 10 + 60, since=stopped)
+    line = assert_clean_exit(procs, workers[0], 1)
+    assert re.search(r'^/job:chief/task:0: error: no (new global step|answer) '
+                     r'for 10 s \(--stall_timeout\); /job:ps/task:0 do\(es\) '
+                     r'not answer$', procs.stderr(workers[0]), re.M), line
+    for worker in workers[1:]:
+        assert re.search(r': the coordinator, /job:chief/task:0 \(\S+\), '
+                         r'left: "no (new global step|answer) for 10 s ',
+                         assert_clean_exit(procs, worker, 0))
+    os.kill(frozen.pid, signal.SIGCONT)
+    procs.wait_all([frozen], START_UP)
+    for name in ('a-while', 'restarted'):
+        _, _, (ps, workers) = runs[name]
+        coordinator = run(procs, (ps, workers))
+        assert 0 in final_accuracies(coordinator)
