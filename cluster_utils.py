@@ -183,7 +183,9 @@ def start_task(sync):
         if Logdir.is_summary_writer(args.thread):
             Logdir(FLAGS.logdir, task.name).failed('write summaries',
                                                    args.exc_value)
-        else:
+        # TensorFlow's own, closing a session left on an error, whose task
+        # may be gone: the error was the one to say.
+        elif args.thread.name != 'SessionCloseThread':
             print('%s: error: %s failed: %s' % (
                 task.name, args.thread.name, args.exc_value),
                 file=sys.stderr, flush=True)

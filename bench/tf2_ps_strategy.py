@@ -28,6 +28,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import mnist_data  # noqa: E402
+from ps_cluster import exits  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('job_name', None, ['ps', 'worker', 'chief'],
@@ -133,7 +134,9 @@ def main(_):
                                accuracy,
              'never' if reached is None else '%.3f' % reached, started),
           flush=True)
-    os._exit(0)  # the coordinator's threads would wait for the workers
+    # The coordinator's threads would wait for the workers: it ends the
+    # process.
+    exits.TaskEnd(lambda: 'chief').leave()
 
 
 if __name__ == '__main__':

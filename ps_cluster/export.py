@@ -55,13 +55,7 @@ def _write(model, values, export_dir, split, pixels):
             variable.load(values[variable.op.name], sess)
         predicted = sess.run(classes, {images: split.images})
         accuracy = float(np.mean(predicted == np.argmax(split.labels, 1)))
-        builder = tf.saved_model.Builder(export_dir)
-        builder.add_meta_graph_and_variables(
-            sess, [tf.saved_model.SERVING], clear_devices=True,
-            signature_def_map={'serving_default': (
-                tf.saved_model.predict_signature_def(
-                    inputs={'images': images},
-                    outputs={'probabilities': probabilities,
-                             'classes': classes}))})
-        builder.save()
+        # TensorFlow's own: tag serve, signature serving_default, no devices.
+        tf.saved_model.simple_save(sess, export_dir, {'images': images}, {
+            'probabilities': probabilities, 'classes': classes})
     return accuracy
