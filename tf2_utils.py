@@ -326,7 +326,9 @@ class Tf2Task:
                 enumerate(self.cluster.job_tasks(job))}
 
     def _tell_servers(self, word, secs=exits.TaskEnd.LAST_WORDS_SECS):
-        if self.markers and word != coordinated.DONE:
+        # An evaluator waits for a coordinator that was preempted.
+        if self.markers and word != coordinated.DONE and not word.startswith(
+                coordinated.PREEMPTED):
             self.markers.say_left(word)
         servers = {**self._tasks('ps'), **self._tasks('worker')}
         coordinated.tell(servers, word, secs)
