@@ -23,26 +23,31 @@ class SyncTokens(tf.train.SessionRunHook):
         # A worker that is done leaves tokens for any other still waiting.
         self.release_op = optimizer.get_init_tokens_op(num_tokens=num_workers)
         self.add_token_op = optimizer.get_init_tokens_op(num_tokens=1)
-        self._tokens_due = False
+        self._due, self._started = None, False
 
     def after_create_session(self, session, coord):
-        """The chief applies the aggregated gradients, in a thread of the
-        Supervisor's (`coord` joins it): in each new session, after a lost
-        ps too."""
+        """The chief's updates, in a thread of the Supervisor's (`coord`
+        joins it), and the tokens that let the first step complete: in the
+        first session once its first run, in which the script reads where
+        training starts, has returned (after_run); the updates would move
+        the step first. In a later session, after a lost ps, at once: the
+        run it runs again may wait for a token."""
+        self._due = session, coord
+        if self._started:
+            self._start()
+
+    def after_run(self, run_context, run_values):
+        if self._due:
+            self._start()
+
+    def _start(self):
+        session, coord = self._due
+        self._due, self._started = None, True
         if self.is_chief:
             tf.train.LooperThread.loop(
                 coord, None, session.run,
                 args=(self.chief_queue_runner.enqueue_ops,))
-        self._tokens_due = self.is_chief
-
-    def after_run(self, run_context, run_values):
-        """After the chief's first run in a session, in which the script
-        reads where training starts: the tokens that let the other workers
-        take their next step, whose updates could otherwise move it
-        first."""
-        if self._tokens_due:
-            self._tokens_due = False
-            run_context.session.run(self.init_tokens_op)
+            session.run(self.init_tokens_op)
 
     def on_departure(self, session):
         """A worker went away: whether it is gone rather than done (it left

@@ -106,22 +106,24 @@ def test_freeing_a_waiting_worker_puts_in_one_token(chief):
 
 def test_the_chiefs_updates_apply_each_gradient_and_hand_out_tokens(chief):
     sv, sess, ops = chief
-    # As the chief's SessionCreator calls its hooks in a new session: the
-    # updates start, the first tokens wait for the chief's first run.
+    # As the chief's SessionCreator calls its hooks in its first session:
+    # nothing before the first run, which reads where training starts.
     ops['running'].after_create_session(sess, sv.coord)
     assert sess.run(ops['tokens']) == 0
-    sess.run(ops['train_op'])
     ops['running'].after_run(tf.train.SessionRunContext(None, sess), None)
-    # The loop applied the chief's gradient, and put in a token for each
-    # worker, of which the chief took one; then the first tokens, one per
-    # gradient an update.
+    # The first step's token: one per gradient an update.
+    assert sess.run(ops['tokens']) == 1
+    sess.run(ops['train_op'])
+    # The loop applies the chief's gradient, and a token for each worker.
     deadline = time.time() + 10
     while sess.run(ops['tokens']) != NUM_WORKERS and time.time() < deadline:
         time.sleep(0.05)
     assert sess.run([sv.global_step, ops['tokens']]) == [1, NUM_WORKERS]
-    # Once a session.
+    # Once a session; in a session after a lost ps, at once.
     ops['running'].after_run(tf.train.SessionRunContext(None, sess), None)
     assert sess.run(ops['tokens']) == NUM_WORKERS
+    ops['running'].after_create_session(sess, sv.coord)
+    assert sess.run(ops['tokens']) == NUM_WORKERS + 1
 
 
 @pytest.mark.slow
