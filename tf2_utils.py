@@ -400,8 +400,14 @@ class Checkpoints:
         if not logdir:
             return
         checkpoint = tf.train.Checkpoint(**variables)
+        # Saved from copies on the coordinator: TensorFlow saves variables
+        # of several tasks in a tf.function traced anew each time, and its
+        # registration on every task holds the GIL, for good on a frozen ps.
+        self.copies = {name: tf.Variable(tf.zeros(v.shape, v.dtype))
+                       for name, v in variables.items()}
         self.manager = tf.train.CheckpointManager(
-            checkpoint, os.path.join(logdir, 'tf2'), max_to_keep=5)
+            tf.train.Checkpoint(**self.copies), os.path.join(logdir, 'tf2'),
+            max_to_keep=5)
         tf1 = tf.train.latest_checkpoint(logdir)
         if self.manager.latest_checkpoint:
             latest = self.manager.latest_checkpoint
@@ -418,6 +424,8 @@ class Checkpoints:
 
     def save(self, step):
         if self.manager:
+            for name, copy in self.copies.items():
+                copy.assign(tf.convert_to_tensor(self.variables[name]).numpy())
             self.manager.save(checkpoint_number=step)
             self.last = step
 
