@@ -403,7 +403,9 @@ class Checkpoints:
         # Saved from copies on the coordinator: TensorFlow saves variables
         # of several tasks in a tf.function traced anew each time, and its
         # registration on every task holds the GIL, for good on a frozen ps.
-        self.copies = {name: tf.Variable(tf.zeros(v.shape, v.dtype))
+        # Named as the variables: an evaluator's TF1 Saver reads by name.
+        self.copies = {name: tf.Variable(tf.zeros(v.shape, v.dtype),
+                                         name=name)
                        for name, v in variables.items()}
         self.manager = tf.train.CheckpointManager(
             tf.train.Checkpoint(**self.copies), os.path.join(logdir, 'tf2'),
