@@ -452,7 +452,10 @@ def test_restarted_chief_completes_the_run(procs, free_ports, small_data,
     # Worker 1's global step never went back.
     _, _, (_, workers) = runs['async']
     steps = [int(s) for s in STEPS.findall(procs.output(workers[1]))]
-    assert steps == sorted(steps) and len(steps) == 80
+    # Each of its 80 epochs, unless the others took the run to its last
+    # step, 80 epochs of 10 steps by 3 workers, before its last began.
+    assert steps == sorted(steps) and (len(steps) == 80
+                                       or steps[-1] >= 80 * 10 * 3), steps
 
 
 @pytest.mark.slow
