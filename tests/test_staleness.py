@@ -3,12 +3,13 @@ and the copies of the steps in-process; what they show on real clusters, a
 straggler among them."""
 
 import os
+import signal
 import time
 
 import numpy as np
 import pytest
 
-from conftest import run_accuracy, staleness_of
+from conftest import START_UP, run_accuracy, staleness_of
 from ps_cluster.staleness import (Staleness, global_step_copy,
                                   global_steps_around)
 
@@ -102,6 +103,17 @@ def test_what_staleness_shows_on_real_clusters(procs, free_ports,
                                 name=script)
                    for i, ms in enumerate(delays)]
         clusters[script] = (ps, workers)
+    # The sync chief alone makes an update of its own two gradients: held
+    # from its model's start until the others have opened their sessions,
+    # lest it make most of the run's updates before they start.
+    chief, *others = clusters['sync'][1]
+    procs.wait_for_output(chief, r'^worker=0: initialized the model$',
+                          START_UP)
+    os.kill(chief.pid, signal.SIGSTOP)
+    for worker in others:
+        procs.wait_for_output(worker, r'^worker=\d, starting at global_step=',
+                              START_UP)
+    os.kill(chief.pid, signal.SIGCONT)
     for ps, workers in clusters.values():
         procs.wait_all(workers + [ps], 180)
         for proc in workers + [ps]:
