@@ -77,9 +77,17 @@ flags.DEFINE_integer('pool_threads', 0,
                      'gRPC client\'s. 0: its share of the CPUs it may use '
                      '(its affinity, its cgroup\'s quota), divided among '
                      'the cluster\'s tasks on its host.', lower_bound=0)
-flags.DEFINE_float('gpu_memory_fraction', 0.2,
-                   'Share of a GPU\'s memory each worker may take, so that '
-                   'several workers fit on one GPU.')
+flags.DEFINE_list('gpu_jobs', ['worker'],
+                  'The tasks that use a GPU, by job: worker, ps, evaluator, '
+                  'coordinator (mnist_dist_tf2.py\'s worker 0); empty '
+                  '(--gpu_jobs=): none. Each uses one of the GPUs it sees '
+                  '(CUDA_VISIBLE_DEVICES, as a scheduler sets it), dealt out '
+                  'round robin by its rank among the tasks on its host that '
+                  'use one.')
+flags.DEFINE_float('gpu_memory_fraction', None,
+                   'At most this share of its GPU\'s memory for each task '
+                   'that uses one (the book\'s 0.2 fits four on one GPU); '
+                   'without it, a task takes what it needs.')
 flags.DEFINE_string('logdir', None,
                     'Where the chief writes summaries for TensorBoard and '
                     'checkpoints, and each worker its staleness; a run with '
@@ -120,8 +128,12 @@ flags.DEFINE_float('eval_timeout', 300,
 for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
               'worker_timeout', 'save_checkpoint_secs', 'preemption_grace'):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
-flags.register_validator('gpu_memory_fraction', lambda v: 0 < v <= 1,
+flags.register_validator('gpu_memory_fraction',
+                         lambda v: v is None or 0 < v <= 1,
                          'must be in (0, 1]')
+GPU_JOBS = ('worker', 'ps', 'evaluator', 'coordinator')
+flags.register_validator('gpu_jobs', lambda v: set(v) <= set(GPU_JOBS),
+                         'must name jobs of %s' % ', '.join(GPU_JOBS))
 
 
 @flags.multi_flags_validator(['ps', 'worker'],
@@ -156,8 +168,9 @@ def parse_flags(argv):
     return argv
 
 
-def start_task(sync):
-    """This task (a Task; `sync`: of mnist_dist_sync.py), set to end in one
+def start_task(sync, coordinator=False):
+    """This task (a Task; `sync`: of mnist_dist_sync.py; `coordinator`:
+    worker 0 coordinates and trains nothing, TF2's), set to end in one
     line: Ctrl-C and SIGTERM at once, inside sess.run too, the cluster told
     why after Ctrl-C; a failure of ours (TaskFailed) and a port in use, as
     the main thread raises them. A thread that fails says why in one line,
@@ -165,7 +178,7 @@ def start_task(sync):
     end = exits.TaskEnd(lambda: '/job:%s/task:%d' % (FLAGS.job_name,
                                                     FLAGS.task_index))
     end.on_signals()
-    task = Task(sync, end)
+    task = Task(sync, end, coordinator)
 
     def one_line(kind, error, traceback):
         if issubclass(kind, TaskFailed):
@@ -211,7 +224,7 @@ class Task:
     own take every CPU in every task, as if each had the host alone).
     """
 
-    def __init__(self, sync, end):
+    def __init__(self, sync, end, coordinator=False):
         self.sync, self.end = sync, end
         spec, self.job_name, self.index, source = _cluster()
         self.place = sources.Place(spec, self.job_name, self.index)
@@ -237,12 +250,69 @@ class Task:
             print('%s: %d thread(s) a pool: %s' % (self.name, threads, why),
                   flush=True)
             server.size_grpc_client(threads)
+        self.gpu = self._gpu(coordinator)
         self.config = server.session_config(
-            self.job_name, self.index, FLAGS.gpu_memory_fraction, threads)
+            self.job_name, self.index, self.gpu, FLAGS.gpu_memory_fraction,
+            threads)
         # The chief's --logdir: the others write nothing.
         self.logdir = (Logdir(FLAGS.logdir, self.name,
                               FLAGS.save_checkpoint_secs)
                        if self.is_chief and FLAGS.logdir else None)
+
+    def _gpu(self, coordinator):
+        """The index, among the GPUs this process sees, of the one it uses,
+        or None: said in a line by a task of --gpu_jobs, and by a worker or
+        coordinator that keeps off the GPUs."""
+        def role(job, index):
+            return ('coordinator' if coordinator and (job, index) == (
+                'worker', 0) else job)
+        mine = role(self.job_name, self.index)
+        seen = ('CUDA_VISIBLE_DEVICES' in os.environ
+                and ' (CUDA_VISIBLE_DEVICES=%s)'
+                % os.environ['CUDA_VISIBLE_DEVICES'])
+        num_gpus = len(tf.config.experimental.list_physical_devices('GPU'))
+        if mine not in FLAGS.gpu_jobs or not num_gpus:
+            if mine in FLAGS.gpu_jobs + ['worker', 'coordinator']:
+                print('%s: on the CPU: %s' % (self.name, (
+                    'no GPU found%s' % (seen or '')) if num_gpus == 0 else
+                    '--gpu_jobs=%s' % ','.join(FLAGS.gpu_jobs)), flush=True)
+            return None
+        cap = FLAGS.gpu_memory_fraction and (
+            ', at most %g of it (--gpu_memory_fraction)'
+            % FLAGS.gpu_memory_fraction)
+        gpu, dealt = 0, ''
+        if self.address:  # not an evaluator, outside the cluster
+            users = [address for job in ('ps', 'worker')
+                     for i, address in enumerate(self.cluster[job])
+                     if role(job, i) in FLAGS.gpu_jobs]
+            gpu, rank, count = server.deal_gpu(users, self.address, num_gpus)
+            dealt = ', GPU task %d of %d on %s' % (
+                rank + 1, count, self.address.rpartition(':')[0])
+        print('%s: on GPU %d of %d%s%s; memory as it needs it'
+              % (self.name, gpu, num_gpus, seen or '', dealt) + (cap or ''),
+              flush=True)
+        return gpu
+
+    def check_gpu(self, task_server, job, index):
+        """Ends this task, status 1, if it cannot use its GPU, saying which
+        one and how much memory it asked for: one of the tasks that share
+        it, or another process, holds the rest."""
+        if self.gpu is None:
+            return
+        limit, failure = server.check_gpu(
+            task_server.target, self.config,
+            '/job:%s/replica:0/task:%d/device:GPU:0' % (job, index))
+        if failure is not None:
+            raise TaskFailed(
+                'cannot use GPU %d (%s): it asked for up to %s%s, and other '
+                'processes hold the rest: lower --gpu_memory_fraction, or '
+                'keep the %s tasks off the GPUs (--gpu_jobs)' % (
+                    self.gpu, errors.what_went_wrong(failure),
+                    'unknown bytes' if limit is None
+                    else '%.2f GiB' % (limit / 2**30),
+                    FLAGS.gpu_memory_fraction
+                    and ' (--gpu_memory_fraction=%g)'
+                    % FLAGS.gpu_memory_fraction or '', self.job_name))
 
     def tell(self, reason, secs=0):
         """Says why this worker ends on purpose: on the ps tasks (secs: how
@@ -257,6 +327,7 @@ class Task:
         come and gone, or fell silent for --worker_timeout. It ends the
         task, with one line naming a worker that left on purpose and why,
         if one did."""
+        self.check_gpu(ps_server, 'ps', self.index)
         ps = PsTask(ps_server, self.place)
         self.end.before_leaving(
             lambda why: ps.tell_workers(why, self.end.LAST_WORDS_SECS))
@@ -317,6 +388,7 @@ class Task:
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
         are up, in a session that outlives a lost ps (docs/design.md); sync's
         `tokens` start the chief's updates in each new session."""
+        self.check_gpu(worker_server, 'worker', self.index)
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
         watch = StallWatch(sv.coord, self.end, self.place,
@@ -374,7 +446,7 @@ class Task:
         chief = self.cluster['worker'][0]
         evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
                          logdir, last_step, FLAGS.eval_timeout,
-                         mnist_data.IMAGE_PIXELS,
+                         mnist_data.IMAGE_PIXELS, config=self.config,
                          on_last=export and (lambda step, values: (
                              self._export(model, values, step,
                                           mnist_data.as_float(mnist.test)))),

@@ -290,11 +290,13 @@ for ((i = 0; i < num_ps; i++)); do
 done
 for ((i = 0; i < num_workers; i++)); do
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
+  # The GPU a worker said it got, if any.
+  gpu=$(sed -n 's/^\/job:worker\/task:[0-9]*: on \(GPU [0-9]* of [0-9]*\).*/, on \1/p' "$run_dir/worker$i.log")
   if [[ $mode == tf2 ]] && ((i > 0)); then  # it computes the coordinator's steps
-    echo "worker $i: exit ${worker_status[i]}"
+    echo "worker $i: exit ${worker_status[i]}$gpu"
     why "$run_dir/worker$i.log"
   else
-    echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}"
+    echo "worker $i: exit ${worker_status[i]}, final accuracy = ${accuracy:-none}$gpu"
     ((worker_status[i] == 0)) || why "$run_dir/worker$i.log"
   fi
   [[ -n ${worker_signal[i]} ]] && echo "    killed by SIG${worker_signal[i]}"

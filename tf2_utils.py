@@ -44,7 +44,7 @@ def is_ps_failure(error):
 def start_task():
     """This task (a Tf2Task) of TensorFlow 2's cluster, set to end in one
     line as the TF1 scripts' tasks are (cluster_utils.start_task())."""
-    return Tf2Task(cluster_utils.start_task(sync=False))
+    return Tf2Task(cluster_utils.start_task(sync=False, coordinator=True))
 
 
 class Tf2Task:
@@ -108,6 +108,14 @@ class Tf2Task:
         task.end.before_leaving(self._tell_servers
                                 if self.job_name == 'chief' else None)
         if self.job_name == 'chief':
+            # Its eager runtime would take the whole of every GPU it sees
+            # at its first op: it sees only its own, if --gpu_jobs gives it
+            # one, and takes that as it needs it.
+            gpus = tf.config.list_physical_devices('GPU')
+            mine = [] if task.gpu is None else gpus[task.gpu:task.gpu + 1]
+            tf.config.set_visible_devices(mine, 'GPU')
+            for gpu in mine:
+                tf.config.experimental.set_memory_growth(gpu, True)
             if FLAGS.logdir:
                 self.markers = Logdir(os.path.join(FLAGS.logdir, 'tf2'),
                                       self.name)
@@ -139,6 +147,7 @@ class Tf2Task:
         coordinator has: with status 0 once it said why (one line if it did
         not finish), 1 if it stays silent for --worker_timeout. It ends
         the task."""
+        self.task.check_gpu(server, self.job_name, self.index)
         word = coordinated.Word(server, self.name)
         if self.job_name == 'ps':
             self.end.on_preemption(
@@ -262,6 +271,12 @@ class Tf2Task:
             try:
                 if is_ps_failure(error):
                     self._start_again(error)
+                if issubclass(kind, ValueError) and (
+                        'Mismatched number of GPUs' in str(error)):
+                    raise TaskFailed('the workers see different numbers of '
+                                     'GPUs, which TensorFlow 2\'s strategy '
+                                     'cannot use: one each, or none '
+                                     '(--gpu_jobs)')
                 if issubclass(kind, tf.errors.OpError):
                     self.end.fail(errors.what_went_wrong(error))
             except TaskFailed as e:

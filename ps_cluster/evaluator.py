@@ -20,7 +20,8 @@ SILENT_POLLS = 3
 
 
 def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
-           timeout, pixels, on_last=None, chief_answers=lambda: False):
+           timeout, pixels, on_last=None, chief_answers=lambda: False,
+           config=None):
     """Restores each new checkpoint in logdir into a graph of its own, and
     writes its loss and accuracy on split: one line, and summaries in
     logdir/eval. Returns once it has measured the run's last checkpoint: the
@@ -31,9 +32,11 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
     chief has left on purpose (it says why in logdir), or when for
     `timeout` seconds no new checkpoint came and chief_answers() said no.
     model(images) and loss_and_accuracy(logits, labels) are the workers';
-    a checkpoint that disappears or is half-written is skipped.
+    a checkpoint that disappears or is half-written is skipped. config: the
+    session's (the GPU it may use).
     """
-    with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
+    with tf.Graph().as_default() as graph, tf.Session(
+            graph=graph, config=config) as sess:
         images = tf.placeholder(tf.float32, [None, pixels])
         labels = tf.placeholder(tf.float32, [None, split.labels.shape[1]])
         loss, accuracy = loss_and_accuracy(model(images), labels)

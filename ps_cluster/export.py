@@ -46,7 +46,11 @@ def _holds(export_dir, values):
 
 
 def _write(model, values, export_dir, split, pixels):
-    with tf.Graph().as_default() as graph, tf.Session(graph=graph) as sess:
+    # On the CPU: a local session of a worker would map GPU:0 to a GPU
+    # other than its server's.
+    cpu_only = tf.ConfigProto(device_count={'GPU': 0})
+    with tf.Graph().as_default() as graph, tf.Session(
+            graph=graph, config=cpu_only) as sess:
         images = tf.placeholder(tf.float32, [None, pixels], name='images')
         logits = model(images)
         probabilities = tf.nn.softmax(logits, name='probabilities')

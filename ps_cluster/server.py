@@ -1,28 +1,84 @@
 """The config of this task's gRPC server and of every session it opens:
-where it may place ops, and its thread pools, sized to its share of the
-host's CPUs."""
+where it may place ops, the GPU it may use, and its thread pools, sized to
+its share of the host's CPUs."""
 
 import math
 import os
 
+import numpy as np
 import tensorflow.compat.v1 as tf
 
 
-def session_config(job, index, gpu_memory_fraction, threads=0):
-    """The ps keeps off the GPUs; a worker talks only to the ps tasks and
-    itself, and takes its share of a GPU. threads: the size of each of
-    TensorFlow's op pools, intra and inter (0: every CPU, its default)."""
-    pools = dict(intra_op_parallelism_threads=threads,
-                 inter_op_parallelism_threads=threads)
-    if job == 'ps':
-        # The ps only holds the variables.
-        return tf.ConfigProto(device_count={'GPU': 0}, **pools)
-    # Without the filter a worker's session waits for every other worker.
-    return tf.ConfigProto(
-        allow_soft_placement=True,
-        device_filters=['/job:ps', '/job:%s/task:%d' % (job, index)],
-        gpu_options=tf.GPUOptions(
-            per_process_gpu_memory_fraction=gpu_memory_fraction), **pools)
+def session_config(job, index, gpu=None, gpu_memory_fraction=None,
+                   threads=0):
+    """The config of a task's server and sessions. A worker talks only to
+    the ps tasks and itself. `gpu`: the index, among the GPUs this process
+    sees, of the one it uses, its memory taken as it needs it, up to
+    gpu_memory_fraction of it if given; None: it keeps off the GPUs.
+    threads: the size of each of TensorFlow's op pools, intra and inter
+    (0: every CPU, its default)."""
+    config = tf.ConfigProto(intra_op_parallelism_threads=threads,
+                            inter_op_parallelism_threads=threads)
+    if gpu is None:
+        config.device_count['GPU'] = 0
+    else:
+        # TensorFlow's advice for processes that share a GPU: each grows
+        # into what it uses, instead of taking all it may at once.
+        config.gpu_options.allow_growth = True
+        config.gpu_options.visible_device_list = str(gpu)
+        config.gpu_options.per_process_gpu_memory_fraction = (
+            gpu_memory_fraction or 0)
+    if job == 'worker':
+        # Without the filter a worker's session waits for every other
+        # worker.
+        config.allow_soft_placement = True
+        config.device_filters.extend(['/job:ps', '/job:%s/task:%d' % (job,
+                                                                     index)])
+    return config
+
+
+def on_host(addresses, address):
+    """Those of `addresses` ('host:port') on the host of `address`, in
+    their order."""
+    host = address.rpartition(':')[0]
+    return [other for other in addresses if other.rpartition(':')[0] == host]
+
+
+def deal_gpu(users, address, num_gpus):
+    """(the index among num_gpus GPUs of the one for the task at address,
+    its rank among the tasks of `users` ('host:port', in the cluster's
+    order) on its host, their number): round robin over the host's GPUs,
+    whatever the number of tasks on the other hosts."""
+    here = on_host(users, address)
+    rank = here.index(address)
+    return rank % num_gpus, rank, len(here)
+
+
+def check_gpu(target, config, device):
+    """(the bytes of `device`, a GPU of the server at target, as config
+    sets it, that its task may take; None once a product of matrices, which
+    starts cuBLAS, has run there, else the tf.errors.OpError of that run).
+    device: its full name, /job:J/replica:0/task:T/device:GPU:0."""
+    with tf.Graph().as_default() as graph, tf.device(device):
+        # Fed, not a constant that grappler would fold away.
+        matrix = tf.placeholder(tf.float32, [8, 8])
+        product = tf.matmul(matrix, matrix)
+    probe = tf.ConfigProto()
+    probe.CopyFrom(config)
+    # On that GPU or not at all, and without waiting for the other tasks.
+    probe.allow_soft_placement = False
+    probe.device_filters[:] = [device.rpartition('/device:')[0]]
+    # Listing the devices opens a session of TensorFlow's defaults: one of
+    # its own.
+    with tf.Session(target, graph=tf.Graph(), config=probe) as sess:
+        limit = {d.name: d.memory_limit_bytes
+                 for d in sess.list_devices()}.get(device)
+    with tf.Session(target, graph=graph, config=probe) as sess:
+        try:
+            sess.run(product, {matrix: np.ones([8, 8])})
+        except tf.errors.OpError as e:
+            return limit, e
+    return limit, None
 
 
 def size_grpc_client(threads):
@@ -89,8 +145,6 @@ def cpu_share(cluster, address, cgroup_root='/sys/fs/cgroup'):
     this process may use, divided among the tasks of cluster ({job:
     ['host:port', ...]}) on its host; at least 1."""
     cpus, limit = usable_cpus(cgroup_root)
-    host = address.rpartition(':')[0]
-    tasks = sum(other.rpartition(':')[0] == host
-                for others in cluster.values() for other in others)
+    tasks = len(on_host(sum(cluster.values(), []), address))
     return max(1, cpus // tasks), '%d CPUs (%s) shared by %d tasks on %s' % (
-        cpus, limit, tasks, host)
+        cpus, limit, tasks, address.rpartition(':')[0])

@@ -24,7 +24,7 @@ VOLCANO_CRD = os.path.join(os.path.dirname(CRD), 'batch.volcano.sh_jobs.yaml')
 
 Pod = collections.namedtuple('Pod', [
     'hostname', 'fqdn', 'replicated_job', 'labels', 'env', 'argv', 'mounts',
-    'cpu_shares', 'restarts_in_place', 'grace'])
+    'cpu_shares', 'restarts_in_place', 'grace', 'gpus'])
 
 # The fields translated, by where they sit; a field elsewhere fails.
 KNOWN = {
@@ -134,8 +134,8 @@ def jobset_pods(manifest, claims):
     (JOB_COMPLETION_INDEX) and the container's own, its command and args
     expanded, its volumes as (host folder, path, read only) from claims
     ({claim name: host folder}), its CPU request as the kubelet's CPU
-    shares (1024 a CPU), whether it restarts in place, and its grace
-    period."""
+    shares (1024 a CPU), whether it restarts in place, its grace period,
+    and the GPUs it asks for."""
     _only('jobset', manifest, '')
     _only('jobset.metadata', manifest['metadata'], '.metadata')
     spec = manifest['spec']
@@ -183,7 +183,8 @@ def jobset_pods(manifest, claims):
                      for m in container.get('volumeMounts', [])],
                     cpu and _cpu_shares(str(cpu)),
                     pod['restartPolicy'] == 'OnFailure',
-                    pod.get('terminationGracePeriodSeconds', 30)))
+                    pod.get('terminationGracePeriodSeconds', 30),
+                    _gpus(container)))
     return pods
 
 
@@ -222,8 +223,16 @@ def vcjob_pods(manifest, claims):
                  for m in container.get('volumeMounts', [])],
                 _cpu_shares(str(container['resources']['requests']['cpu'])),
                 pod['restartPolicy'] == 'OnFailure',
-                pod.get('terminationGracePeriodSeconds', 30)))
+                pod.get('terminationGracePeriodSeconds', 30),
+                _gpus(container)))
     return pods
+
+
+def _gpus(container):
+    """The GPUs a container asks for (NVIDIA's device plugin's
+    resource): its run here gets none, as on a node without GPUs."""
+    return int(container.get('resources', {}).get('limits', {}).get(
+        'nvidia.com/gpu', 0))
 
 
 def _cpu_shares(quantity):

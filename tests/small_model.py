@@ -35,7 +35,7 @@ def server(cluster, job, index):
     if address not in _servers:
         _servers[address] = tf.train.Server(
             cluster, job_name=job, task_index=index,
-            config=task_server.session_config(job, index, 1.0))
+            config=task_server.session_config(job, index))
     return _servers[address]
 
 

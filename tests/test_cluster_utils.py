@@ -17,6 +17,8 @@ from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
 
 from script_flags import usage_error
 import cluster_utils
+import small_model
+from ps_cluster import exits
 
 
 @pytest.mark.slow
@@ -53,6 +55,10 @@ USAGE_ERRORS = [
     (['--job_name=worker', '--learning_rate=0'] + CLUSTER,
      ['learning_rate', 'must be positive']),
     (['--job_name=worker', '--task_index=x'] + CLUSTER, ['task_index']),
+    (['--job_name=worker', '--gpu_jobs=worker,gpu'] + CLUSTER,
+     ['--gpu_jobs', 'worker, ps, evaluator, coordinator']),
+    (['--job_name=worker', '--gpu_memory_fraction=1.5'] + CLUSTER,
+     ['--gpu_memory_fraction', 'must be in (0, 1]']),
 ]
 
 
@@ -74,6 +80,38 @@ def test_usage_errors_as_a_run_meets_them(procs):
     procs.wait_all(bad, START_UP)
     for proc, (args, words) in zip(bad, cases):
         assert_one_error_line(procs, proc, 2, *words)
+
+
+def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
+        shared_cluster, monkeypatch, capsys):
+    spec = shared_cluster()
+    monkeypatch.setattr(sys, 'argv', [
+        'mnist_dist_async.py', '--job_name=ps', '--task_index=0',
+        '--ps=' + ','.join(spec.job_tasks('ps')),
+        '--worker=' + ','.join(spec.job_tasks('worker')),
+        '--gpu_jobs=ps,worker', '--gpu_memory_fraction=0.25'])
+    try:
+        cluster_utils.parse_flags(sys.argv)
+        task = cluster_utils.Task(False, exits.TaskEnd(lambda: 'unused'))
+        # Dealt GPU 0, as on a host with one; its server, like every
+        # server of these tests, keeps off the GPUs: its product fails.
+        task.gpu = 0
+        with pytest.raises(exits.TaskFailed) as failed:
+            task.check_gpu(small_model.server(spec, 'ps', 0), 'ps', 0)
+    finally:
+        cluster_utils.FLAGS.unparse_flags()
+    assert re.fullmatch(
+        r'cannot use GPU 0 \(Cannot assign a device for operation .+\): it '
+        r'asked for up to unknown bytes \(--gpu_memory_fraction=0\.25\), '
+        r'and other processes hold the rest: lower --gpu_memory_fraction, '
+        r'or keep the ps tasks off the GPUs \(--gpu_jobs\)',
+        failed.value.message), failed.value.message
+    # Its first lines said where it would compute.
+    assert re.search(r'^/job:ps/task:0: on (the CPU: no GPU found|GPU \d+ '
+                     r'of \d+, GPU task 1 of 3 on localhost; memory as it '
+                     r'needs it, at most 0.25 of it '
+                     r'\(--gpu_memory_fraction\))$',
+                     capsys.readouterr().out, re.M)
 
 
 def break_truncate(path):

@@ -15,7 +15,7 @@ LAUNCHER_LINES = [
     r'(async|sync|tf2): \d+ ps \(\S+\), \d+ workers \(\S+\)'
     r'(, an evaluator)?(, worker \d+ \d+ ms slower a step)?, logs in \S+',
     r'---- (async|sync|tf2), \d+ workers, logs in \S+',
-    r'worker \d+: exit \d+(, final accuracy = \S+)?']
+    r'worker \d+: exit \d+(, final accuracy = \S+)?(, on GPU \d+ of \d+)?']
 # The conversions of Python's %-formats in the lines our code prints.
 FORMATS = {'%d': r'-?\d+', '%s': r'.+', '%g': r'[\d.e+-]+',
            '%.1f': r'[\d.]+', '%.2f': r'[\d.]+', '%.0f': r'\d+'}

@@ -71,7 +71,7 @@ def test_tfjob_manifest(mode):
 def test_slurm_batch_script(mode):
     with open(os.path.join(EXAMPLES, 'slurm-%s.sbatch' % mode)) as f:
         script = f.read().replace('\\\n', ' ')
-    assert '#SBATCH --nodes=4' in script
+    assert '#SBATCH --nodes=%d' % (2 if mode == 'async' else 4) in script
     commands = [shlex.split(line) for line in script.splitlines()
                 if line.startswith('srun ')]
     assert len(commands) == 1
@@ -281,6 +281,8 @@ def test_jobset_manifest(mode):
         assert '--logdir=/logs/' + mode in pod.argv
         assert ('--export_dir=/logs/%s-serving' % mode in pod.argv) == (
             job == 'worker')
+        # A GPU for each worker; the ps and the evaluator keep off them.
+        assert pod.gpus == (1 if job == 'worker' else 0)
 
 
 @pytest.mark.parametrize('mode', ['async', 'sync'])
@@ -569,6 +571,9 @@ def test_vcjob_manifest():
         assert '--logdir=/logs/tf2' in pod.argv
         if pod.replicated_job in ('ps', 'chief'):  # they save when preempted
             assert pod.grace > 20
+        # A GPU for each worker that trains; the coordinator, the ps and
+        # the evaluator keep off them.
+        assert pod.gpus == (1 if pod.replicated_job == 'worker' else 0)
 
 
 @pytest.mark.slow

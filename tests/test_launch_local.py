@@ -16,8 +16,9 @@ from conftest import (REPO, START_UP, final_accuracies, left_running,
 # Not in the fast tier; real processes, in turn with the others (pytest.ini).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('real')]
 
-SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+)$',
-                     re.M)
+# On a machine with a GPU, each worker's line names its GPU too.
+SUMMARY = re.compile(r'^worker (\d+): exit (\d+), final accuracy = (\S+?)'
+                     r'(?:, on GPU \d+ of \d+)?$', re.M)
 
 
 def network_namespaces_work():

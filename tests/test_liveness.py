@@ -142,7 +142,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
     watching a session in which the model is initialized. Stopped at the
     end."""
     worker = start(cluster, 'worker', index)
-    config = server.session_config('worker', index, 1.0)
+    config = server.session_config('worker', index)
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
                 worker_device='/job:worker/task:%d' % index,

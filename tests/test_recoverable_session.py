@@ -88,7 +88,7 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
         watch = StallWatch(sv.coord, Died(died), place, 60, 10)
         watch.start()
         creator = SessionCreator(sv, worker,
-                                 server.session_config('worker', index, 1.0),
+                                 server.session_config('worker', index),
                                  place, list(hooks), watch, startup_timeout,
                                  10)
         sess = RecoverableSession(creator).open()

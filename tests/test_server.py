@@ -1,41 +1,126 @@
 """The config of a task's server and sessions (ps_cluster/server.py),
 in-process."""
 
+import json
 import os
 
 import pytest
 
-from ps_cluster import server
+from ps_cluster import server, sources
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 tf.disable_v2_behavior()
+import small_model  # noqa: E402
 
 
 def test_a_ps_keeps_off_the_gpus():
-    assert server.session_config('ps', 1, 0.5) == tf.ConfigProto(
+    assert server.session_config('ps', 1) == tf.ConfigProto(
         device_count={'GPU': 0})
 
 
-def test_a_worker_talks_to_the_ps_and_itself_with_its_share_of_a_gpu():
-    config = server.session_config('worker', 2, 0.3)
+def test_a_worker_talks_to_the_ps_and_itself_on_its_own_gpu():
+    config = server.session_config('worker', 2, gpu=1,
+                                   gpu_memory_fraction=0.3)
     assert list(config.device_filters) == ['/job:ps', '/job:worker/task:2']
     assert config.allow_soft_placement
+    # It sees the second of the GPUs its process sees, and takes its
+    # memory as it needs it, up to the cap.
+    assert config.gpu_options.visible_device_list == '1'
+    assert config.gpu_options.allow_growth
     assert config.gpu_options.per_process_gpu_memory_fraction == \
         pytest.approx(0.3)
-    # A worker's GPUs are its own.
     assert 'GPU' not in config.device_count
+    # No cap: as much as it needs.
+    assert server.session_config(
+        'worker', 2, gpu=0).gpu_options.per_process_gpu_memory_fraction == 0
+
+
+def test_a_task_without_a_gpu_keeps_off_them():
+    for job in ('worker', 'ps', 'evaluator'):
+        config = server.session_config(job, 0, gpu=None,
+                                       gpu_memory_fraction=0.3)
+        assert config.device_count['GPU'] == 0
+        assert config.gpu_options == tf.GPUOptions()
+    # An evaluator's sessions are its own, local: no filter.
+    assert not server.session_config('evaluator', 0).device_filters
+
+
+def test_a_ps_asked_to_use_a_gpu_gets_one():
+    config = server.session_config('ps', 0, gpu=0)
+    assert config.gpu_options.visible_device_list == '0'
+    assert 'GPU' not in config.device_count
+
+
+def gpus_of(cluster, num_gpus):
+    """{worker index: its GPU} of a ClusterSpec, every host with num_gpus
+    GPUs, the workers using them (--gpu_jobs' default)."""
+    workers = cluster.job_tasks('worker')
+    return {i: server.deal_gpu(workers, address, num_gpus)[0]
+            for i, address in enumerate(workers)}
+
+
+def test_gpus_dealt_by_rank_on_each_host_from_host_lists():
+    # Hosts of 3 and 2 workers, 2 GPUs each: each host's workers round
+    # robin over its own GPUs; the ps, on host a, takes none.
+    cluster = sources.from_host_lists('a:1', 'a:2,a:3,a:4,b:2,b:3')
+    assert gpus_of(cluster, 2) == {0: 0, 1: 1, 2: 0, 3: 0, 4: 1}
+    assert server.deal_gpu(cluster.job_tasks('worker'), 'a:4', 2) == (0, 2,
+                                                                      3)
+    # One GPU a host: all on it.
+    assert set(gpus_of(cluster, 1).values()) == {0}
+
+
+def test_gpus_dealt_by_rank_on_each_host_from_tf_config(monkeypatch):
+    # The chief job is worker 0: it and worker 1 (TF_CONFIG's worker 0) on
+    # host c, worker 2 alone on host d.
+    monkeypatch.setenv('TF_CONFIG', json.dumps({
+        'cluster': {'chief': ['c:1'], 'worker': ['c:2', 'd:1'],
+                    'ps': ['d:2']}, 'task': {'type': 'worker', 'index': 0}}))
+    cluster, job, index = sources.from_tf_config()
+    assert (job, index) == ('worker', 1)
+    assert gpus_of(cluster, 4) == {0: 0, 1: 1, 2: 0}
+
+
+def test_gpus_dealt_by_rank_on_each_host_from_slurm():
+    # srun -N2 -n8 -m cyclic, 2 ps: the tasks alternate between the nodes,
+    # so that node9 holds workers 0, 2 and 4. task_index % num_gpus, as
+    # TensorFlow's mnist_replica.py deals them, would put all three on GPU
+    # 0 and none on GPU 1.
+    env = {'SLURM_STEP_NODELIST': 'node[9-10]',
+           'SLURM_STEP_TASKS_PER_NODE': '4(x2)', 'SLURM_PROCID': '0',
+           'SLURM_DISTRIBUTION': 'cyclic', 'SLURMD_NODENAME': 'node9'}
+    cluster, _, _ = sources.from_slurm(2, 2222, env=env)
+    assert cluster.job_tasks('worker')[:3] == [
+        'node9:2223', 'node10:2223', 'node9:2224']
+    assert gpus_of(cluster, 2) == {0: 0, 1: 0, 2: 1, 3: 1, 4: 0, 5: 0}
+
+
+def test_a_device_that_cannot_run_a_product_is_said(shared_cluster):
+    # A ps's server: a worker's places an op where it can (soft placement),
+    # which a GPU that does not fail takes.
+    spec = shared_cluster()
+    target = small_model.server(spec, 'ps', 0).target
+    config = server.session_config('ps', 0)
+    cpu = '/job:ps/replica:0/task:0/device:CPU:0'
+    limit, failure = server.check_gpu(target, config, cpu)
+    assert limit > 0 and failure is None
+    # This machine's GPU, if any, is not the ps's: its config keeps it off
+    # them.
+    limit, failure = server.check_gpu(target, config, cpu.replace('CPU',
+                                                                  'GPU'))
+    assert limit is None
+    assert isinstance(failure, tf.errors.InvalidArgumentError)
 
 
 def test_each_pool_is_sized_as_given():
     for job in ('ps', 'worker'):
-        config = server.session_config(job, 0, 0.3, threads=3)
+        config = server.session_config(job, 0, threads=3)
         assert config.intra_op_parallelism_threads == 3
         assert config.inter_op_parallelism_threads == 3
     # 0: TensorFlow's default, every CPU.
-    assert server.session_config('ps', 0, 0.3).intra_op_parallelism_threads \
-        == 0
+    assert server.session_config('ps', 0).intra_op_parallelism_threads == 0
 
 
 def test_a_quota_in_cpus():

@@ -67,7 +67,7 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
-            server.session_config('worker', index, 1.0), spec, watch,
+            server.session_config('worker', index), spec, watch,
             Deadline(timeout, '--startup_timeout'), logdir, reopened)
 
 
@@ -78,7 +78,7 @@ def is_live(cluster):
     with sv.global_step.graph.as_default():
         return session_start.model_is_live(
             sv, servers['worker', 0].target,
-            server.session_config('worker', 0, 1.0))
+            server.session_config('worker', 0))
 
 
 def test_the_chief_initializes_a_new_model_which_the_others_find(

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -54,6 +55,9 @@ MinJobAge=0
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
+# Two GPUs a node, as gres.conf names them: stand-in devices, which Slurm
+# hands out as it would a node's /dev/nvidia0 and /dev/nvidia1.
+GresTypes=gpu
 {nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 '''
@@ -133,8 +137,15 @@ def slurm(tmp_path_factory):
                 controller_address=hub_address, dir=folder,
                 nodes='\n'.join(
                     # More CPUs than the machine has: several tasks a node.
-                    'NodeName=%s NodeAddr=%s CPUs=8' % (name, address)
+                    'NodeName=%s NodeAddr=%s CPUs=8 Gres=gpu:2'
+                    % (name, address)
                     for name, (_, address) in zip(NODES, machines))))
+        for i in range(2):
+            # Character devices, as Slurm asks, of /dev/null's numbers.
+            os.mknod(os.path.join(folder, 'nvidia%d' % i),
+                     0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        with open(os.path.join(folder, 'gres.conf'), 'w') as f:
+            f.write('Name=gpu File=%s/nvidia[0-1]\n' % folder)
         conf = os.path.join(folder, 'slurm.conf')
         daemons = [
             ['munged', '--foreground', '--force',
@@ -232,7 +243,7 @@ def assert_placed_where_they_run(output, num_ps, num_workers):
 
 
 def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path):
-    # node9 sorts after node12 by name; Slurm puts task 0 on it. Each
+    # node9 sorts after node10 by name; Slurm puts tasks 0 and 1 on it. Each
     # example runs its own script: the placement is cluster_utils.py's, the
     # same for both (the sync example's cyclic run below shows it there).
     status, output = slurm.submit(example('slurm-async.sbatch', small_data,
@@ -240,7 +251,14 @@ def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path):
     assert status == 0, output
     tasks = assert_placed_where_they_run(output, 1, 3)
     assert [tasks[('ps', 0)][4]] + [tasks[('worker', i)][4]
-                                    for i in range(3)] == NODES
+                                    for i in range(3)] == [NODES[0]] * 2 + [
+                                        NODES[1]] * 2
+    # Each worker sees its node's two GPUs, as --gres=gpu:2 hands them to
+    # every task there; none of them is one that TensorFlow finds here.
+    assert sorted(re.findall(
+        r'^/job:worker/task:(\d+): on the CPU: no GPU found '
+        r'\(CUDA_VISIBLE_DEVICES=(\S+)\)$', output, re.M)) == [
+            ('0', '0,1'), ('1', '0,1'), ('2', '0,1')], output
     assert slurm.tasks_left() == []
 
 
@@ -270,6 +288,11 @@ def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path):
     tasks = assert_placed_where_they_run(output, 2, 4)
     by_rank = sorted((rank, node) for *_, rank, node in tasks.values())
     assert [node for _, node in by_rank] == NODES + NODES[:2]
+    # The one GPU of --gres=gpu:1 for each worker, one a node.
+    assert sorted(re.findall(
+        r'^/job:worker/task:(\d+): on the CPU: no GPU found '
+        r'\(CUDA_VISIBLE_DEVICES=(\S+)\)$', output, re.M)) == [
+            (str(i), '0') for i in range(4)], output
     # The evaluator is no task of the cluster the others share; it measured
     # the run's last step (3 epochs of 10 steps), and exported it, in the
     # chief's place.

@@ -65,7 +65,7 @@ def chief(shared_cluster):
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0)
     sess = sv.prepare_or_wait_for_session(
-        servers[1].target, config=server.session_config('worker', 0, 1.0))
+        servers[1].target, config=server.session_config('worker', 0))
     yield sv, sess, ops
     # The updates' loop waits in the session for gradients: closing it
     # cancels the wait.
