@@ -21,7 +21,7 @@ from ps_cluster import (errors, evaluator, exits, liveness, placement,
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import CheckpointLoop, Logdir
-from ps_cluster.ps_task import PsTask
+from ps_cluster.ps_task import STARTUP_GRACE_SECS, PsTask
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.session_start import SessionCreator
 from ps_cluster.stall_watch import StallWatch
@@ -136,17 +136,6 @@ flags.register_validator('gpu_jobs', lambda v: set(v) <= set(GPU_JOBS),
                          'must name jobs of %s' % ', '.join(GPU_JOBS))
 
 
-@flags.multi_flags_validator(['ps', 'worker'],
-                             message='the cluster flags do not fit together')
-def _check_host_lists(values):
-    for job in ('ps', 'worker'):
-        try:
-            sources.parse_host_list(values[job])
-        except ValueError as e:
-            raise flags.ValidationError('--%s: %s' % (job, e))
-    return True
-
-
 def parse_flags(argv):
     """absl's parser, but --help lists the cluster's flags too and exits 0,
     a usage error is one line and exit status 2; and ~ at the start of
@@ -173,8 +162,8 @@ def start_task(sync, coordinator=False):
     worker 0 coordinates and trains nothing, TF2's), set to end in one
     line: Ctrl-C and SIGTERM at once, inside sess.run too, the cluster told
     why after Ctrl-C; a failure of ours (TaskFailed) and a port in use, as
-    the main thread raises them. A thread that fails says why in one line,
-    and the task goes on."""
+    the main thread raises them, and a thread's that no coordinator
+    stores."""
     end = exits.TaskEnd(lambda: '/job:%s/task:%d' % (FLAGS.job_name,
                                                     FLAGS.task_index))
     end.on_signals()
@@ -193,15 +182,17 @@ def start_task(sync, coordinator=False):
     sys.excepthook = one_line
 
     def thread_failed(args):
+        # Not stored: summaries lost cost the summaries, not the run.
         if Logdir.is_summary_writer(args.thread):
             Logdir(FLAGS.logdir, task.name).failed('write summaries',
                                                    args.exc_value)
-        # TensorFlow's own, closing a session left on an error, whose task
-        # may be gone: the error was the one to say.
+        # Nor TensorFlow's own, closing a session left on an error, whose
+        # task may be gone: the error was the one to say. Any other ends
+        # the task: the sessions' threads store what they meet, and a
+        # thread that fails is one the task cannot go on without.
         elif args.thread.name != 'SessionCloseThread':
-            print('%s: error: %s failed: %s' % (
-                task.name, args.thread.name, args.exc_value),
-                file=sys.stderr, flush=True)
+            task.end.fail('%s failed: %s' % (args.thread.name,
+                                             args.exc_value))
     threading.excepthook = thread_failed
     # TensorFlow parses its error messages in linear time.
     errors.parse_errors_in_linear_time()
@@ -333,6 +324,11 @@ class Task:
             lambda why: ps.tell_workers(why, self.end.LAST_WORDS_SECS))
         self.end.on_preemption(lambda: ps.preempted(FLAGS.preemption_grace),
                                FLAGS.preemption_grace)
+        print('%s: serving until every worker has come and gone; one that '
+              'has not come within %g s (--startup_timeout, and %d s for a '
+              'worker to name the one it waits for) ends the run'
+              % (self.name, FLAGS.startup_timeout, STARTUP_GRACE_SECS),
+              flush=True)
         left = ps.serve_until_workers_gone(FLAGS.startup_timeout,
                                            FLAGS.worker_timeout)
         # Ctrl-C or SIGTERM may have begun its end: its line is the last.
@@ -391,16 +387,16 @@ class Task:
         self.check_gpu(worker_server, 'worker', self.index)
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
-        watch = StallWatch(sv.coord, self.end, self.place,
-                           FLAGS.stall_timeout, FLAGS.ps_timeout)
+        watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
+                           FLAGS.ps_timeout)
         watch.start()
         hooks = [tokens] if tokens else []
         if self.logdir:
             hooks.append(CheckpointLoop(self.logdir, sv))
         creator = SessionCreator(sv, worker_server, self.config, self.place,
                                  hooks, watch, FLAGS.startup_timeout,
-                                 FLAGS.ps_timeout, self.logdir, tokens)
-        sess = RecoverableSession(creator).open()
+                                 FLAGS.preemption_grace, self.logdir, tokens)
+        sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.tell)
         if self.is_chief:

@@ -227,7 +227,7 @@ worker_pids+=($!)
 if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
 why() {  # LOG: the task's own line that says why it ended, indented
-  grep -E ': error: |: interrupted$|: every worker has ended; |: the coordinator, .* left: ' "$1" |
+  grep -E ': error: |: interrupted$|: every worker has ended|: the coordinator, .* left: ' "$1" |
     tail -n 1 | sed 's/^/    /'
 }
 killed() {  # STATUS LOG: the signal that killed a task that said nothing

@@ -181,7 +181,7 @@ def main(_):
                   flush=True)
         log.epoch(step, loss=loss, validation_accuracy=validation_accuracy,
                   test_accuracy=test_accuracy)
-        task.within(checkpoints.save, step)
+        task.within(checkpoints.save)
 
     final = task.within(lambda: accuracy(model(test.images, w, b),
                                          mnist.test.labels))

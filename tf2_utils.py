@@ -95,7 +95,7 @@ class Tf2Task:
                 self.config.inter_op_parallelism_threads, len(workers) + 1)
         # The workers said not to answer, and when each last answered.
         self._gone, self._heard = set(), {}
-        self._checked = time.time()
+        self._checked = time.monotonic()
         task.end.name = lambda: self.name
         print('%s: TensorFlow 2\'s cluster: chief %s (the coordinator), '
               'workers %s, ps %s' % (
@@ -178,7 +178,7 @@ class Tf2Task:
         which a run with the same --logdir goes on; where there is none, a
         TF1 script's in --logdir, read by name, is restored instead (with
         any split of w). Returns a Checkpoints."""
-        self.saved = Checkpoints(FLAGS.logdir, variables)
+        self.saved = Checkpoints(FLAGS.logdir, variables, self.name)
         return self.saved
 
     def _preempted(self):
@@ -219,11 +219,11 @@ class Tf2Task:
             except Exception as e:  # raised again in the main thread
                 joined.append(e)
         threading.Thread(target=join, daemon=True, name='join').start()
-        last, moved = None, time.time()
+        last, moved = None, time.monotonic()
         while True:
             done = poll(lambda: joined, self.WORKER_CHECK_SECS, 0.05)
             # Every WORKER_CHECK_SECS, however short each join.
-            if time.time() - self._checked >= self.WORKER_CHECK_SECS:
+            if time.monotonic() - self._checked >= self.WORKER_CHECK_SECS:
                 self._check_workers()
                 self._check_preempted()
             if done:
@@ -234,8 +234,8 @@ class Tf2Task:
             except (TimeoutError, tf.errors.OpError):
                 step = last
             if step != last:
-                last, moved = step, time.time()
-            elif time.time() - moved > FLAGS.stall_timeout:
+                last, moved = step, time.monotonic()
+            elif time.monotonic() - moved > FLAGS.stall_timeout:
                 raise TaskFailed('no new global step for %g s '
                                  '(--stall_timeout); %s' % (
                                      FLAGS.stall_timeout,
@@ -288,7 +288,7 @@ class Tf2Task:
         """Says once that a worker stopped answering, silent for GONE_SECS
         (a busy machine's worker answers late), and once that it is
         back."""
-        now = self._checked = time.time()
+        now = self._checked = time.monotonic()
         for name, address in self._tasks('worker').items():
             self._heard.setdefault(name, now)
             if probes.answers(address):
@@ -406,12 +406,15 @@ def loss_and_accuracy(logits, labels):
 class Checkpoints:
     """The coordinator's checkpoints in logdir/tf2 (tf.train.Checkpoint and
     CheckpointManager), the variables restored from the last one, or from
-    a TF1 run's in logdir; `source` says which, if any."""
+    a TF1 run's in logdir; `source` says which, if any; `name` is the
+    coordinator's, in its lines."""
 
-    def __init__(self, logdir, variables):
+    def __init__(self, logdir, variables, name):
         self.source = 'new variables'
         self.manager = self.last = None
         self.logdir, self.variables = logdir, variables
+        # A write that fails, in one line: Logdir.failed.
+        self.failed = Logdir(logdir, name).failed
         if not logdir:
             return
         checkpoint = tf.train.Checkpoint(**variables)
@@ -439,26 +442,43 @@ class Checkpoints:
                 variable.assign(reader.get_tensor(name))
             self.source = 'the TF1 checkpoint %s' % tf1
 
-    def save(self, step):
-        if self.manager:
-            for name, copy in self.copies.items():
-                copy.assign(tf.convert_to_tensor(self.variables[name]).numpy())
+    def save(self):
+        """A checkpoint of the variables as they stand, named after the
+        global step it holds, which it returns. One that cannot be written
+        (a full disk) is one line, and training goes on: None; a ps that
+        cannot be read raises."""
+        if not self.manager:
+            return None
+        step = self._copy()
+        try:
             self.manager.save(checkpoint_number=step)
-            self.last = step
+        except (tf.errors.OpError, OSError) as e:
+            self.failed('save a checkpoint', e)
+            return None
+        self.last = step
+        return step
 
     def save_now(self):
         """A checkpoint of the variables as they stand, for a preemption;
         says what it saved."""
         if not self.manager:
             return 'has no --logdir to save the model in'
-        step = int(self.variables['global_step'].numpy())
         try:
-            self.save(step)
+            step = self._copy()
+            self.manager.save(checkpoint_number=step)
         except (tf.errors.OpError, OSError) as e:
             return ('cannot save the model in --logdir=%s (%s): its steps '
                     'since the last checkpoint are lost' % (
                         self.logdir, errors.what_went_wrong(e)))
+        self.last = step
         return 'saved the model at global_step=%d' % step
+
+    def _copy(self):
+        """The variables read once each into the copies: the global step
+        of the copy."""
+        for name, copy in self.copies.items():
+            copy.assign(tf.convert_to_tensor(self.variables[name]).numpy())
+        return int(self.copies['global_step'].numpy())
 
 
 class Log:
@@ -467,7 +487,7 @@ class Log:
 
     def __init__(self, task_index, start, logdir):
         self.index, self.start = task_index, start
-        self.started = time.time()
+        self.started = time.monotonic()
         self.writer = logdir and tf.summary.create_file_writer(logdir)
 
     def epoch(self, step, **values):
@@ -483,7 +503,7 @@ class Log:
             self.writer.flush()
 
     def final(self, step, accuracy):
-        seconds = time.time() - self.started
+        seconds = time.monotonic() - self.started
         print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
               'steps_per_sec=%.1f' % (self.index, step - self.start, step,
                                       seconds, (step - self.start) / seconds),

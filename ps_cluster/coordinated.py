@@ -66,7 +66,7 @@ class Word:
         restarted coordinator answers again)."""
         name, address = coordinator
         heard = None
-        started = time.time()
+        started = time.monotonic()
         while True:
             word = self._read()
             if word.startswith(PREEMPTED) and not self.preempting:
@@ -76,7 +76,7 @@ class Word:
                 self.sess.run(self.say, {self.value: ''})
             elif word and not self.preempting:
                 return word
-            now = time.time()
+            now = time.monotonic()
             if probes.answers(address, 1.0):
                 heard = now
             elif heard is None and now - started > startup_timeout:

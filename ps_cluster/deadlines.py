@@ -12,10 +12,10 @@ class Deadline:
 
     def __init__(self, secs, flag, grace=0):
         self.secs, self.flag = secs, flag
-        self.at = time.time() + secs + grace
+        self.at = time.monotonic() + secs + grace
 
     def left(self):
-        return max(0, self.at - time.time())
+        return max(0, self.at - time.monotonic())
 
     def __str__(self):
         return 'within %g s (%s)' % (self.secs, self.flag)
@@ -42,9 +42,9 @@ def call_within(secs, function, *args):
 def poll(check, secs, every):
     """check()'s first true value, calling it every `every` seconds; its
     last, false, once `secs` have passed."""
-    deadline = time.time() + secs
+    deadline = time.monotonic() + secs
     while True:
         value = check()
-        if value or time.time() > deadline:
+        if value or time.monotonic() > deadline:
             return value
         time.sleep(every)

@@ -13,6 +13,15 @@ from ps_cluster.exits import TaskFailed
 LOST = (tf.errors.UnavailableError, tf.errors.AbortedError)
 
 
+class Stuck(tf.errors.AbortedError):
+    """A training run that made no step for --stall_timeout while every
+    task answers (a request that gRPC sent twice after a cut network was
+    seen so): lost like a ps, so that a new session carries the run on."""
+
+    def __init__(self, message):
+        super().__init__(None, None, message)
+
+
 def stored(coord):
     """The failure stored in coord (a tf.train.Coordinator), if any: the
     first that any thread of this task met."""

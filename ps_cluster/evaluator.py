@@ -11,6 +11,9 @@ from ps_cluster import errors
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import checkpoint_step, chief_done, chief_left
 
+# When this evaluator started, as the chief's markers in the logdir are
+# timed: one left before then was left by an earlier run.
+STARTED = time.time()
 # How often it looks for a new checkpoint, and whether the chief left.
 POLL_SECS = 2
 # Without the chief's word, the chief is gone after this many polls' time
@@ -47,8 +50,7 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
               '(%d images), to global_step=%d'
               % (logdir, split_name, len(split.images), last_step),
               flush=True)
-        started = _process_start()
-        measured, heard, ended = -1, time.time(), False
+        measured, heard, ended = -1, time.monotonic(), False
 
         def at_the_end():
             """Whether the run's last checkpoint is measured: the one the
@@ -56,11 +58,11 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
             beyond once the chief has been silent SILENT_POLLS polls (an
             async run resumed goes on past last_step, to an epoch's
             start)."""
-            done = chief_done(logdir, started)
+            done = chief_done(logdir, STARTED)
             if done is not None:
                 return measured >= done
             return (measured >= last_step
-                    and time.time() - heard >= SILENT_POLLS * POLL_SECS)
+                    and time.monotonic() - heard >= SILENT_POLLS * POLL_SECS)
 
         def waited_out():
             """Whether to stop waiting: at the end, once the chief left,
@@ -68,16 +70,16 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
             chief."""
             nonlocal heard, ended
             if chief_answers():
-                heard = time.time()
+                heard = time.monotonic()
             ended = at_the_end()
-            return (ended or chief_left(logdir, started) is not None
-                    or time.time() - heard >= timeout)
+            return (ended or chief_left(logdir, STARTED) is not None
+                    or time.monotonic() - heard >= timeout)
 
         # checkpoints_iterator calls timeout_fn after each checkpoint, and
         # after each POLL_SECS without one.
         for latest in tf.train.checkpoints_iterator(
                 logdir, timeout=POLL_SECS, timeout_fn=waited_out):
-            heard = time.time()
+            heard = time.monotonic()
             # Each checkpoint the chief kept since the last one measured, not
             # only the latest: several may come between two polls.
             for path in _kept_since(logdir, measured, latest):
@@ -116,27 +118,13 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                 on_last(measured, {v.op.name: value for v, value in zip(
                     tf.global_variables(), sess.run(tf.global_variables()))})
             return
-    reason = chief_left(logdir, started)
+    reason = chief_left(logdir, STARTED)
     if reason is not None:
         raise TaskFailed('the chief, /job:worker/task:0, left before '
                          'global_step=%d: "%s"' % (last_step, reason))
     raise TaskFailed('no new checkpoint in %s, and no answer from the chief, '
                      'for %g s (--eval_timeout), before global_step=%d'
                      % (logdir, timeout, last_step))
-
-
-def _process_start():
-    """When this process started, from Linux's /proc (a chief that left
-    before then left an earlier run); elsewhere, now. The standard library
-    has no call for it."""
-    try:
-        with open('/proc/self/stat') as f:
-            ticks = int(f.read().rsplit(')', 1)[1].split()[19])
-        with open('/proc/uptime') as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + ticks / os.sysconf('SC_CLK_TCK')
-    except (OSError, ValueError, IndexError):
-        return time.time()
 
 
 def _kept_since(logdir, step, latest):

@@ -139,24 +139,25 @@ def _run_on_ps(cluster, k, fetches):
 # ------------------------------------------------------ a worker's beats
 
 class Watchdog(tf.train.LooperThread):
-    """A thread of the Supervisor's that beats for this worker, and reads
-    through the ps tasks what the other tasks do. It raises, and so stores
-    in sv.coord, a ps that ended on purpose, and a lost ps, which the main
-    thread recovers from; it tells `watch` (a StallWatch) the global step
-    once this worker trains (watch_training). A worker gone is named once
-    if sync's `tokens` say it is not done; after a lost ps, a sync worker's
-    Watchdog puts in tokens until the main thread recovers.
+    """A thread of a session's (`coord`, its Coordinator) that beats for
+    this worker, and reads through the ps tasks what the other tasks do. It
+    raises, and so stores in coord, a ps that ended on purpose, and stores
+    a lost ps, which the main thread recovers from; it tells `watch` (a
+    StallWatch) the global step once this worker trains (watch_training).
+    A worker gone is named once if sync's `tokens` say it is not done;
+    after a lost ps, a sync worker's Watchdog puts in tokens until the main
+    thread recovers.
     """
 
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
-    def __init__(self, sv, server, config, place, watch, deadline,
-                 tokens=None):
-        super().__init__(sv.coord, self.POLL_SECS)
-        self.sv, self.place, self.watch, self.tokens = (sv, place, watch,
-                                                        tokens)
+    def __init__(self, coord, global_step, server, config, place, watch,
+                 deadline, tokens=None):
+        super().__init__(coord, self.POLL_SECS)
+        self.coord, self.global_step, self.place = coord, global_step, place
+        self.watch, self.tokens = watch, tokens
         task_index = place.index
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
@@ -190,19 +191,28 @@ class Watchdog(tf.train.LooperThread):
     def mark_done(self):
         self._run(self.done_op)
 
+    def close(self):
+        """Its session closed, once the thread has stopped."""
+        self.session.close()
+
     def wait_for_the_others(self):
         """Until every other worker has ended, or is gone (no beat for
-        GONE_SECS), or no ps answers: the chief's last checkpoint then holds
+        GONE_SECS), or a ps is lost: the chief's last checkpoint then holds
         the run's last step. The main thread's: it raises a failure stored,
         but a lost ps's."""
         heard, last = None, None
         while True:
-            failure = errors.stored(self.sv.coord)
-            if failure is not None and not errors.is_lost(failure):
+            failure = errors.stored(self.coord)
+            if errors.is_lost(failure):
+                return
+            if failure is not None:
                 raise failure
             with self.watch.calling('the wait for the other workers'):
-                beats, now = self._run(self.beats), time.time()
+                beats, now = self._run(self.beats), time.monotonic()
             if beats is None:
+                # A read that timed out, of a ps that answers: again.
+                if probes.answers(self.place.cluster.task_address('ps', 0)):
+                    continue
                 return
             if last is None:
                 heard, last = np.full(len(beats), now), beats
@@ -255,11 +265,11 @@ class Watchdog(tf.train.LooperThread):
             # A lost ps: stored, and the main thread recovers (stop_loop()
             # runs, unlike after a raise); a frozen ps: nothing to do.
             if errors.is_lost(e):
-                self.sv.coord.request_stop(e)
+                self.coord.request_stop(e)
             return
         for k, reason in enumerate(farewells):
             if reason.decode().startswith(PREEMPTED):
-                self.sv.coord.request_stop((Preempted, Preempted(
+                self.coord.request_stop((Preempted, Preempted(
                     '/job:ps/task:%d' % k,
                     self.place.cluster.task_address('ps', k)), None))
                 return
@@ -270,7 +280,7 @@ class Watchdog(tf.train.LooperThread):
         if departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
-            step = self._run(self.sv.global_step, self.sess)
+            step = self._run(self.global_step, self.sess)
             if step is not None:
                 self.watch.step(step)
 
@@ -280,7 +290,7 @@ class Watchdog(tf.train.LooperThread):
         # put may meet the broken connection, another worker take it),
         # until the main thread closes the session to recover.
         if (self.tokens and self.sess is not None
-                and errors.is_lost(errors.stored(self.sv.coord))):
+                and errors.is_lost(errors.stored(self.coord))):
             while True:
                 try:
                     self.sess.run(self.tokens.add_token_op,

@@ -2,6 +2,7 @@
 that fails there later (a full or broken file system) costs the chief its
 checkpoints or summaries, with one line, not its run."""
 
+import contextlib
 import os
 import socket
 import sys
@@ -65,8 +66,8 @@ def close_within(writer, secs):
 class CheckpointLoop(tf.train.SessionRunHook):
     """The chief's checkpoints in `logdir` (a Logdir), every
     save_checkpoint_secs, in each new session, in a thread of the
-    Supervisor's that outlives a failed save: the Supervisor's own would
-    stop every thread of the chief."""
+    session's that outlives a failed save: the Supervisor's own would stop
+    every thread of the chief."""
 
     def __init__(self, logdir, sv):
         self.logdir, self.sv = logdir, sv
@@ -82,7 +83,10 @@ class Logdir:
     summaries, and what a failed write there says; task_name names the
     chief in its lines."""
 
+    # How long closing the summaries may take: TensorFlow's flush can wait
+    # for good (close_within()).
     CLOSE_SECS = 10
+    # How long a save waits for the one before it to end.
     LOCK_SECS = 5
 
     def __init__(self, path, task_name, save_checkpoint_secs=None):
@@ -135,24 +139,29 @@ class Logdir:
         except OSError:
             pass
 
-    def save(self, sv, sess):
-        """The chief's checkpoint, and its global step; ValueError if the
-        logdir is no folder any more. A save of a session closed after a
-        lost ps may wait on the ps for good: the next goes on after
-        LOCK_SECS."""
-        locked = self._saving.acquire(timeout=self.LOCK_SECS)
+    def save(self, sv, sess, calling=contextlib.nullcontext):
+        """The chief's checkpoint, and its global step, saved in the call
+        into TensorFlow that calling() marks; ValueError if the logdir is
+        no folder any more, or the save before has not ended within
+        LOCK_SECS: a save of a session closed after a lost ps may wait on
+        the ps for good, and two saves through one Saver mix up its list
+        of checkpoints."""
+        if not self._saving.acquire(timeout=self.LOCK_SECS):
+            raise ValueError('the save before it has not ended within %g s'
+                             % self.LOCK_SECS)
         try:
-            return checkpoint_step(sv.saver.save(
-                sess, sv.save_path, global_step=sv.global_step))
+            with calling():
+                return checkpoint_step(sv.saver.save(
+                    sess, sv.save_path, global_step=sv.global_step))
         finally:
-            if locked:
-                self._saving.release()
+            self._saving.release()
 
-    def save_checkpoint(self, sv, sess):
+    def save_checkpoint(self, sv, sess, calling=contextlib.nullcontext):
         """save(), but one that fails is one line, and training goes on:
-        None."""
+        None. Nothing is stored: a checkpoint lost costs that checkpoint,
+        not the run."""
         try:
-            return self.save(sv, sess)
+            return self.save(sv, sess, calling)
         except (tf.errors.OpError, ValueError) as e:
             # ValueError: the logdir is no folder any more; a lost ps the
             # main thread waits for; a session closed on a failure.

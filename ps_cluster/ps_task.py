@@ -40,15 +40,15 @@ class PsTask:
         or not beaten for a second (it read it), or `secs` are nearly
         over."""
         self.sess.run(self.say, {self.reason: why})
-        last, moved = self.sess.run(self.beats), time.time()
+        last, moved = self.sess.run(self.beats), time.monotonic()
 
         def read():
             nonlocal last, moved
             values = self.sess.run(self.beats)
             if np.any((values != last) & (values >= 0)):
-                last, moved = values, time.time()
-            return (np.all(values < 0)
-                    or time.time() - moved > 2 * liveness.Watchdog.POLL_SECS)
+                last, moved = values, time.monotonic()
+            return (np.all(values < 0) or time.monotonic() - moved
+                    > 2 * liveness.Watchdog.POLL_SECS)
         poll(read, secs - 1, 0.1)
 
     def preempted(self, secs):
@@ -78,10 +78,10 @@ class PsTask:
         last = np.zeros(len(workers), np.int64)
         heard = np.full(len(workers), np.nan)  # when each counter last moved
         gone = np.zeros(len(workers), bool)
-        polled = time.time()
+        polled = time.monotonic()
         while True:
             time.sleep(0.2)
-            values, now = sess.run(self.beats), time.time()
+            values, now = sess.run(self.beats), time.monotonic()
             if now - polled > 2:
                 # This ps was stopped or starved: the silence is its own.
                 heard[~np.isnan(heard)] = now
@@ -97,6 +97,13 @@ class PsTask:
                 sess.run(self.depart,
                          {self.gone_now: np.flatnonzero(newly_gone)})
             if np.all(ended | (silent > worker_timeout)):
+                if not np.all(ended):
+                    print('%s: every worker has ended or fell silent: %s '
+                          'not heard for %g s (--worker_timeout)' % (
+                              self.place.name, ', '.join(
+                                  self.place.task('worker', i)
+                                  for i in np.flatnonzero(~ended)),
+                              worker_timeout), flush=True)
                 left = np.flatnonzero(liveness.has_left(values))
                 return [(int(i), reason.decode()) for i, reason in
                         zip(left, sess.run(self.reasons)[left])]

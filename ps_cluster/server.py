@@ -32,8 +32,8 @@ def session_config(job, index, gpu=None, gpu_memory_fraction=None,
         # Without the filter a worker's session waits for every other
         # worker.
         config.allow_soft_placement = True
-        config.device_filters.extend(['/job:ps', '/job:%s/task:%d' % (job,
-                                                                     index)])
+        config.device_filters.extend(
+            ['/job:ps', '/job:%s/task:%d' % (job, index)])
     return config
 
 

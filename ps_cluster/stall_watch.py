@@ -1,7 +1,7 @@
 """A worker's stall watch: a thread that stores a run that makes no step as
-the worker's failure, in the coordinator that holds every failure of its
-threads, and ends the worker only when its main thread stays stuck in
-TensorFlow with a failure stored."""
+a failure, in the coordinator of the session the worker trains in, and ends
+the worker only when its main thread stays stuck in TensorFlow with a
+failure stored."""
 
 import contextlib
 import threading
@@ -14,38 +14,50 @@ from ps_cluster.exits import TaskFailed
 
 class StallWatch(threading.Thread):
     """Watches the main thread's calls into TensorFlow (calling()) and the
-    global step (step(), from the Watchdog). No failure stored: a call
-    during which the step has stood still for `secs`, or for `ps_secs`
-    while a ps task does not answer, is a failure, which names the ps
-    tasks that do not answer, else the workers whose beats stand still
-    (`place`, this worker's). A failure stored: the watch closes the
-    session the main thread runs in, which cancels the run, and the main
-    thread raises it; if the main thread is still inside the same call
-    GRACE_SECS later, the watch ends the worker (`end`), its last resort:
-    TensorFlow waits for a ps that is gone with no timeout as it opens a
-    session, and a frozen ps blocks even the closing. A lost ps's failure
-    closes nothing, and ends the worker only once `ps_secs` have
-    passed."""
+    global step (step(), from the Watchdog), and stores what it finds in
+    the coordinator of the session being made or run (store_in()).
+
+    No failure stored: a call during which the step has stood still for
+    `secs`, or for `ps_secs` while a ps task does not answer, is a failure,
+    which names the ps tasks that do not answer, else the workers whose
+    beats stand still (`place`, this worker's); but the first such run
+    while every task answers is errors.Stuck, after which a new session is
+    tried. A failure stored: the watch closes the session the main thread
+    runs in, which cancels the run, and the main thread raises it; if the
+    main thread is still inside the same call GRACE_SECS after the close,
+    the watch ends the worker (`end`), its last resort: TensorFlow waits
+    for a ps that is gone with no timeout as it opens a session, and a
+    frozen ps blocks even the closing. A lost ps's failure closes nothing,
+    and ends the worker only once `ps_secs` have passed."""
 
     POLL_SECS = 0.5
     # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
 
-    def __init__(self, coord, end, place, secs, ps_secs):
+    def __init__(self, end, place, secs, ps_secs):
         super().__init__(daemon=True, name='stall watch')
-        self.coord, self.end, self.place = coord, end, place
+        self.end, self.place = end, place
         self.secs, self.ps_secs = secs, ps_secs
-        # The Watchdog writes the step, the main thread its call.
+        # The Watchdog writes the step, the main thread its call and the
+        # coordinator.
         self._lock = threading.Lock()
-        self._step, self._moved = None, time.time()
-        self._call, self._calls = None, 0
+        self._step, self._moved = None, time.monotonic()
+        self._call, self._calls, self._coord = None, 0, None
+        # The step at which a new session was last tried for a stuck run.
+        self._stuck_at = None
         self._closed = threading.Event()
+
+    def store_in(self, coord):
+        """From now on, what the watch finds goes to coord, a new
+        session's Coordinator."""
+        with self._lock:
+            self._coord = coord
 
     def step(self, value):
         """The global step as the Watchdog just read it."""
         with self._lock:
             if value != self._step:
-                self._step, self._moved = value, time.time()
+                self._step, self._moved = value, time.monotonic()
 
     @contextlib.contextmanager
     def calling(self, what, session=None, deadline=None):
@@ -56,7 +68,8 @@ class StallWatch(threading.Thread):
         still too long."""
         with self._lock:
             self._calls += 1
-            self._call = (self._calls, what, session, deadline, time.time())
+            self._call = (self._calls, what, session, deadline,
+                          time.monotonic())
         try:
             yield
         finally:
@@ -69,41 +82,43 @@ class StallWatch(threading.Thread):
         self.join()
 
     def run(self):
-        stuck = None  # (the call, since when)
+        stuck = None  # (the call, since when: its session's close)
         while not self._closed.wait(self.POLL_SECS):
             with self._lock:
-                call, moved = self._call, self._moved
-            failure = errors.stored(self.coord)
-            if call and failure is None:
-                failure = self._stalled(call, moved)
-            lost = errors.is_lost(failure)
+                call, moved, coord = self._call, self._moved, self._coord
+            failure = coord and errors.stored(coord)
+            if call and coord and failure is None:
+                failure = self._stalled(coord, call, moved)
+            # A run on a lost ps fails by itself; closing would wait on it.
+            lost = errors.is_lost(failure) and not isinstance(
+                failure, errors.Stuck)
             if call is None or failure is None:
                 stuck = None
             elif stuck is None or stuck[0] != call:
-                stuck = call, time.time()
-                # A run on a lost ps fails by itself; closing would wait on
-                # the ps.
                 if call[2] is not None and not lost:
                     self._within(call[2].close)
-            elif time.time() - stuck[1] > (self.ps_secs if lost
-                                           else self.GRACE_SECS):
-                self.end.fail(self._line(failure))  # it ends the worker
+                stuck = call, time.monotonic()
+            elif time.monotonic() - stuck[1] > (self.ps_secs if lost
+                                                else self.GRACE_SECS):
+                with self._lock:
+                    still = self._call == call
+                if still:
+                    self.end.fail(self._line(failure))  # it ends the worker
 
-    def _stalled(self, call, moved):
+    def _stalled(self, coord, call, moved):
         """The failure, stored, if the step has stood still too long during
-        the call: a TaskFailed that names why; else None. A coordinator
-        stopped already, as the session closes, stores none, but the watch
-        acts on it all the same."""
+        the call: a TaskFailed that names why, or errors.Stuck; else
+        None."""
         _, what, _, deadline, entered = call
-        idle = time.time() - max(moved, entered)
+        idle = time.monotonic() - max(moved, entered)
         if deadline and deadline.left() or not deadline and idle <= min(
                 self.secs, self.ps_secs):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
         if deadline:
-            return self._store('lost the connection to %s, waiting in %s: '
-                               'not done %s' % (self.place.task(
-                                   'ps', silent[0]), what, deadline)
+            return self._store(coord, TaskFailed(
+                'lost the connection to %s, waiting in %s: not done %s'
+                % (self.place.task('ps', silent[0]), what, deadline))
                                ) if silent else None
         if silent:
             why = ', '.join(self.place.task('ps', i) + ' does not answer'
@@ -114,17 +129,25 @@ class StallWatch(threading.Thread):
                 workers = self._within(liveness.silent_workers, self.place)
                 why = 'missing: ' + (', '.join(
                     ['unknown'] if workers is None else workers) or 'none')
+                if workers == [] and self._stuck_at != self._step:
+                    # Once a step: a new session may carry the run on.
+                    self._stuck_at = self._step
+                    return self._store(coord, errors.Stuck(
+                        'no new global step for %g s (--stall_timeout), '
+                        'waiting in %s, while every task answers'
+                        % (secs, what)))
         elif silent:
             secs, flag = self.ps_secs, '--ps_timeout'
         else:
             return None
-        return self._store('training stalled: no new global step for %g s '
-                           '(%s), waiting in %s; %s' % (secs, flag, what, why))
+        return self._store(coord, TaskFailed(
+            'training stalled: no new global step for %g s (%s), waiting in '
+            '%s; %s' % (secs, flag, what, why)))
 
     def _line(self, failure):
         """What the worker ends with: a lost ps's, once the wait for it is
         over."""
-        if not errors.is_lost(failure):
+        if not errors.is_lost(failure) or isinstance(failure, errors.Stuck):
             return errors.what_went_wrong(failure)
         return '%s, which did not come back within %g s (--ps_timeout)' % (
             errors.lost_connection(
@@ -132,9 +155,10 @@ class StallWatch(threading.Thread):
                 self._within(probes.silent, self.place.cluster, 'ps') or ()),
             self.ps_secs)
 
-    def _store(self, message):
-        errors.fail(self.coord, message)
-        return TaskFailed(message)
+    @staticmethod
+    def _store(coord, failure):
+        coord.request_stop((type(failure), failure, None))
+        return failure
 
     def _within(self, function, *args):
         """function(*args), or None if it blocks past POLL_SECS * 10 (a

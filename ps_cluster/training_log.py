@@ -26,9 +26,11 @@ class TrainingLog:
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.staleness, self.staleness_dir = staleness, staleness_dir
+        # False once the writer's thread has failed, which it said: lost
+        # summaries cost the summaries, not the run, and store nothing.
         self.writing = sv.summary_writer is not None
-        self.started = self.last_progress = time.time()
-        self.local_step = 0
+        self.started = self.last_progress = time.monotonic()
+        self.local_step, self.last_global_step = 0, global_step
         # Named by task, not worker=: launch_local.sh keeps them in the logs,
         # off its terminal.
         for line in placement:
@@ -46,12 +48,17 @@ class TrainingLog:
         if self.writing and local_step // every > self.local_step // every:
             self._summary(global_step, loss=loss)
         self.local_step = local_step
-        if time.time() - self.last_progress >= self.PROGRESS_EVERY_SECS:
-            self.last_progress = time.time()
+        now = time.monotonic()
+        if now - self.last_progress >= self.PROGRESS_EVERY_SECS:
             print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
                   % (self.index, global_step, local_step,
-                     local_step / (self.last_progress - self.started)),
-                  flush=True)
+                     local_step / (now - self.started)), flush=True)
+            # Where the Supervisor's own thread would write it.
+            if self.writing:
+                self._summary(global_step, **{'global_step/sec': (
+                    global_step - self.last_global_step) / (
+                        now - self.last_progress)})
+            self.last_progress, self.last_global_step = now, global_step
 
     def accuracies(self, global_step):
         """Beside the book's epoch line: the chief's validation and test
@@ -65,7 +72,7 @@ class TrainingLog:
     def final(self, global_step, accuracy):
         """How long and fast this worker trained, and how stale its
         gradients were, after its final test accuracy."""
-        seconds = time.time() - self.started
+        seconds = time.monotonic() - self.started
         print('worker=%d, local_steps=%d, global_step=%d, train_seconds=%.1f, '
               'steps_per_sec=%.1f' % (self.index, self.local_step, global_step,
                                       seconds, self.local_step / seconds),

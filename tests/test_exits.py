@@ -194,39 +194,50 @@ def assert_one_line(procs, proc, status):
     return lines[0]
 
 
+def preemption_flags(data, logdir):
+    return ['--data_dir=' + data, '--logdir=%s' % logdir,
+            '--save_checkpoint_secs=3600', '--print_every_epochs=1',
+            '--validation_size=100', '--step_delay_ms=20']
+
+
 # SIGTERM, a scheduler's notice, side by side in each script's cluster: the
-# ps alone, then every task at once (preempt()); and every task of a run
-# whose chief cannot save, its --logdir made read-only (immutable): all end
-# within the grace, and the ps says what was not saved.
+# ps alone, then every task at once (preempt()).
 @pytest.mark.slow  # not in the fast tier
 def test_a_preemption_loses_no_step(procs, free_ports, small_data, tmp_path):
-    def flags(logdir):
-        return ['--data_dir=' + small_data, '--logdir=%s' % logdir,
-                '--save_checkpoint_secs=3600', '--print_every_epochs=1',
-                '--validation_size=100', '--step_delay_ms=20']
+    with concurrent.futures.ThreadPoolExecutor(len(SCRIPTS)) as pool:
+        runs = [pool.submit(preempt, procs, script,
+                            preemption_flags(small_data, tmp_path / script),
+                            free_ports(4), script + '-')
+                for script in SCRIPTS]
+        for run in runs:
+            run.result()
+
+
+# Every task of a run whose chief cannot save, its --logdir made read-only
+# (immutable) once it trains: all end within the grace, and the ps says
+# what was not saved.
+@pytest.mark.slow  # not in the fast tier
+def test_a_chief_that_cannot_save_as_it_is_preempted(procs, free_ports,
+                                                     small_data, tmp_path):
     readonly = tmp_path / 'readonly'
     readonly.mkdir()
     # Immutable: not even root may add a file to it.
     if os.geteuid() or subprocess.run(['chattr', '+i', str(readonly)],
                                       capture_output=True).returncode:
-        pytest.skip('cannot make a folder immutable here (root only)')
+        pytest.skip('cannot make a folder immutable here (root only, not on '
+                    'tmpfs or overlayfs)')
     subprocess.run(['chattr', '-i', str(readonly)], check=True)
     try:
-        ps, workers = procs.cluster('async', free_ports, *flags(readonly),
+        ps, workers = procs.cluster('async', free_ports,
+                                    *preemption_flags(small_data, readonly),
                                     '--epochs=10000', name='readonly-')
-        with concurrent.futures.ThreadPoolExecutor(len(SCRIPTS)) as pool:
-            runs = [pool.submit(preempt, procs, script,
-                                flags(tmp_path / script), free_ports(4),
-                                script + '-') for script in SCRIPTS]
-            procs.wait_for_epoch(workers, 3)
-            subprocess.run(['chattr', '+i', str(readonly)], check=True)
-            sent = time.time()
-            for proc in [ps] + workers:
-                os.kill(proc.pid, signal.SIGTERM)
-            procs.wait_all([ps] + workers, START_UP)
-            assert time.time() - sent < 20  # --preemption_grace
-            for run in runs:
-                run.result()
+        procs.wait_for_epoch(workers, 3)
+        subprocess.run(['chattr', '+i', str(readonly)], check=True)
+        sent = time.time()
+        for proc in [ps] + workers:
+            os.kill(proc.pid, signal.SIGTERM)
+        procs.wait_all([ps] + workers, START_UP)
+        assert time.time() - sent < 20  # --preemption_grace
     finally:
         subprocess.run(['chattr', '-i', str(readonly)])
     cannot = ('cannot save the model in --logdir=%s (' % readonly)

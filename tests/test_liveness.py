@@ -148,33 +148,32 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
                 worker_device='/job:worker/task:%d' % index,
                 cluster=cluster)):
             global_step = tf.train.get_or_create_global_step()
-        sv = tf.train.Supervisor(is_chief=index == 0, global_step=global_step,
-                                 init_op=tf.global_variables_initializer())
-    dog = liveness.Watchdog(sv, worker, config,
-                            sources.Place(cluster, 'worker', index),
+        init_op = tf.global_variables_initializer()
+    dog = liveness.Watchdog(tf.train.Coordinator(), global_step, worker,
+                            config, sources.Place(cluster, 'worker', index),
                             Watch(on_step),
                             Deadline(startup_timeout, '--startup_timeout'),
                             on_departure and Tokens(on_departure))
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:
         if training:
-            sess.run(sv.init_op)
+            sess.run(init_op)
             dog.watch_training(sess)
         yield dog
     finally:
-        sv.request_stop()
+        dog.coord.request_stop()
         try:
-            sv.stop()
+            dog.coord.join()
         except TaskFailed:  # the failure the test read
             pass
-        dog.session.close()
+        dog.close()
         sess.close()
 
 
 def stored_failure(dog):
     """The failure the Watchdog stored in its coordinator, once it has."""
-    assert dog.sv.coord.wait_for_stop(10)
-    return errors.stored(dog.sv.coord).message
+    assert dog.coord.wait_for_stop(10)
+    return errors.stored(dog.coord).message
 
 
 def test_a_watchdog_without_counters_fails_after_the_startup_timeout(
@@ -259,6 +258,33 @@ def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
         # Worker 1 beat, and is neither done nor silent for GONE_SECS.
         waiting.join(1)
         assert waiting.is_alive()
+        done(cluster, 1)
+        waiting.join(10)
+        assert not waiting.is_alive()
+
+
+def test_wait_for_the_others_reads_again_after_a_read_that_timed_out(
+        shared_cluster, monkeypatch):
+    # A busy ps answers one read past RUN_OPTIONS' timeout: the chief goes
+    # on waiting, and takes its last checkpoint only once the others are
+    # done.
+    cluster = shared_cluster(1, 2)
+    start_ps(cluster, 0)
+    with watchdog(cluster, 0) as dog:
+        beat(cluster, 1)
+        read, slow = dog._run, [True]
+
+        def once_slow(fetches, session=None):
+            if fetches is dog.beats and slow:
+                slow.pop()
+                return None
+            return read(fetches, session)
+        monkeypatch.setattr(dog, '_run', once_slow)
+        waiting = threading.Thread(target=dog.wait_for_the_others,
+                                   daemon=True)
+        waiting.start()
+        waiting.join(1)
+        assert waiting.is_alive() and not slow
         done(cluster, 1)
         waiting.join(10)
         assert not waiting.is_alive()

@@ -135,6 +135,23 @@ def test_a_checkpoint_that_cannot_be_saved_is_one_line(tmp_path, capsys):
         sv.stop()
 
 
+def test_a_save_never_runs_beside_the_one_before(tmp_path, monkeypatch,
+                                                 capsys):
+    # The one before, stuck on a lost ps, holds the lock: the next gives up
+    # after LOCK_SECS, before it touches the Saver, and says so.
+    monkeypatch.setattr(Logdir, 'LOCK_SECS', 0.2)
+    saving = Logdir(str(tmp_path), CHIEF)
+    saving._saving.acquire()
+    with pytest.raises(ValueError, match='^the save before it has not ended '
+                       'within 0.2 s$'):
+        saving.save(None, None)
+    assert saving.save_checkpoint(None, None) is None
+    assert capsys.readouterr().err == (
+        '%s: error: cannot save a checkpoint in --logdir=%s (the save before '
+        'it has not ended within 0.2 s); training goes on\n'
+        % (CHIEF, tmp_path))
+
+
 def test_failed_is_one_line(tmp_path, capsys):
     error = tf.errors.ResourceExhaustedError(None, None, 'No space left')
     Logdir(str(tmp_path), CHIEF).failed('write summaries', error)

@@ -256,3 +256,59 @@ def test_a_frozen_ps_for_good_for_a_while_and_restarted_at_once(
         _, _, (ps, workers) = runs[name]
         coordinator = run(procs, (ps, workers))
         assert 0 in final_accuracies(coordinator)
+
+
+# The coordinator's checkpoints, in a process of its own (TensorFlow 2's
+# eager variables, on the coordinator alone): saved while another thread
+# trains, each is named after the global step it holds; one that cannot be
+# written is one line, and the next is saved.
+CHECKPOINTS = '''
+import sys, threading
+import tensorflow as tf
+import tf2_utils
+variables = {'w': tf.Variable(tf.zeros([784, 10]), name='w'),
+             'b': tf.Variable(tf.zeros([10]), name='b'),
+             'global_step': tf.Variable(0, dtype=tf.int64,
+                                        name='global_step')}
+checkpoints = tf2_utils.Checkpoints(sys.argv[1], variables, 'coordinator')
+stop = threading.Event()
+def train():
+    while not stop.is_set():
+        variables['w'].assign_add(tf.ones([784, 10]))
+        variables['global_step'].assign_add(1)
+trainer = threading.Thread(target=train)
+trainer.start()
+for _ in range(20):
+    print(checkpoints.save_now())
+stop.set()
+trainer.join()
+for path in checkpoints.manager.checkpoints:
+    print('kept', path.rpartition('-')[2], tf.train.load_checkpoint(
+        path).get_tensor('global_step/.ATTRIBUTES/VARIABLE_VALUE'))
+step = int(variables['global_step'].numpy())
+print(step)
+tf.io.gfile.makedirs('%s/tf2/ckpt-%d.index/in_the_way' % (sys.argv[1], step))
+print(checkpoints.save())
+variables['global_step'].assign_add(1)
+print(checkpoints.save())
+'''
+
+
+def test_checkpoints_hold_the_step_they_are_named_after(tmp_path):
+    ran = subprocess.run([sys.executable, '-c', CHECKPOINTS, str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True,
+                         timeout=START_UP,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    steps = [int(re.fullmatch(r'saved the model at global_step=(\d+)',
+                              line).group(1)) for line in lines[:20]]
+    kept = [line.split()[1:] for line in lines[20:-3]]
+    assert len(kept) == 5 and all(named == held for named, held in kept)
+    assert {int(named) for named, _ in kept} <= set(steps)
+    assert lines[-2:] == ['None', str(int(lines[-3]) + 1)]
+    assert re.fullmatch(
+        r'coordinator: error: cannot save a checkpoint in --logdir=%s \(.+\); '
+        r'training goes on' % re.escape(str(tmp_path)),
+        [line for line in ran.stderr.splitlines()
+         if 'coordinator' in line][0])

@@ -84,7 +84,7 @@ def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):
 def test_fail_if_late_only_after_the_deadline():
     tasks = ['a:1', 'b:2', 'c:3']
     late = Deadline(5, '--startup_timeout')
-    late.at = time.time() - 1
+    late.at = time.monotonic() - 1
     due = Deadline(5, '--startup_timeout', grace=55)
     probes.fail_if_late('worker', tasks, {1, 2}, due)
     probes.fail_if_late('worker', tasks, set(), late)

@@ -88,14 +88,18 @@ def test_a_beating_worker_keeps_the_ps_serving_until_it_is_done(cluster,
 
 
 def test_a_silent_worker_is_counted_gone_then_no_longer_waited_for(
-        cluster, ps, monkeypatch):
+        cluster, ps, monkeypatch, capsys):
     monkeypatch.setattr(liveness, 'GONE_SECS', 0.3)
     done(cluster, 0)
     beat(cluster, 1)
-    # Silent, not LEFT: no reason to return.
+    # Silent, not LEFT: no reason to return, but the ps says whom it left.
     assert ps.serve_until_workers_gone(5, 1) == []
     beats, departures, farewell, reasons = read(cluster)
     assert departures.tolist() == [0, 1]
+    assert capsys.readouterr().out == (
+        '/job:ps/task:0: every worker has ended or fell silent: '
+        '/job:worker/task:1 (%s) not heard for 1 s (--worker_timeout)\n'
+        % cluster.task_address('worker', 1))
 
 
 def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(

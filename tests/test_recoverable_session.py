@@ -28,7 +28,8 @@ from conftest import (FINAL_STEP, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import errors, liveness, server  # noqa: E402
+from ps_cluster import errors, liveness, probes, server  # noqa: E402
+from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.ps_task import PsTask  # noqa: E402
 from ps_cluster.recoverable_session import RecoverableSession  # noqa: E402
@@ -37,6 +38,7 @@ from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 
 import small_model  # noqa: E402
+from ps_counters import done  # noqa: E402
 from small_model import cluster_of, step_and_loss  # noqa: E402
 
 tf.disable_v2_behavior()
@@ -64,13 +66,14 @@ class Died:
 
 
 def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
-                        index=0):
+                        index=0, stall_timeout=60, logdir=None, build=None):
     """What worker `index` (the chief) of the scripts builds, in a graph of
     its own (the model, of 4 pixels and 2 classes, under
-    replica_device_setter, and the Supervisor), and its RecoverableSession,
-    opened by its own server, with `hooks`; a failure the stall watch ends
-    the worker with goes to died. Returns the session, the Supervisor and
-    the training step."""
+    replica_device_setter, and the Supervisor, of `logdir` if any), and its
+    RecoverableSession, opened by its own server, with `hooks` and those
+    that build() returns, which makes ops of the test's own in the graph;
+    a failure the stall watch ends the worker with goes to died. Returns
+    the session, the Supervisor and the training step."""
     worker = small_model.server(cluster, 'worker', index)
     with tf.Graph().as_default():
         with tf.device(tf.train.replica_device_setter(
@@ -79,19 +82,21 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
             global_step, loss = step_and_loss()
             train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
                 loss, global_step=global_step)
+            hooks = list(hooks) + (build() if build else [])
         sv = tf.train.Supervisor(
-            is_chief=index == 0, init_op=tf.global_variables_initializer(),
+            is_chief=index == 0, logdir=logdir,
+            init_op=tf.global_variables_initializer(),
             global_step=global_step,
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0)
         place = Place(cluster, 'worker', index)
-        watch = StallWatch(sv.coord, Died(died), place, 60, 10)
+        watch = StallWatch(Died(died), place, stall_timeout, 10)
         watch.start()
         creator = SessionCreator(sv, worker,
                                  server.session_config('worker', index),
-                                 place, list(hooks), watch, startup_timeout,
-                                 10)
-        sess = RecoverableSession(creator).open()
+                                 place, hooks, watch, startup_timeout, 20,
+                                 logdir and Logdir(logdir, place.name))
+        sess = RecoverableSession(creator, 10).open()
     return sess, sv, train_op
 
 
@@ -121,7 +126,7 @@ class Hook(tf.train.SessionRunHook):
 def test_the_hooks_have_run_as_the_session_is_created(ps):
     hook = Hook()
     sess, sv, _ = recoverable_session(ps.place.cluster, [], hooks=[hook])
-    assert hook.created == [(sess.session.session, sv.coord)]
+    assert hook.created == [(sess.session.session, sess.session.coord)]
     # And after each run, once it has returned.
     assert sess.run(sv.global_step) == 0
     sess.run(sv.global_step)
@@ -136,7 +141,8 @@ def test_close_ends_the_supervisors_threads_and_marks_the_worker_done(ps):
     [chief_beats, worker_beats] = ps.sess.run(ps.beats)
     assert chief_beats > 0 and worker_beats == 0
     sess.close()
-    assert sv.coord.should_stop() and not sess.session.watchdog.is_alive()
+    assert sess.session.coord.should_stop()
+    assert not sess.session.watchdog.is_alive()
     assert list(ps.sess.run(ps.beats)) == [liveness.DONE, 0]
     with pytest.raises(RuntimeError, match='closed Session'):
         sess.run(sv.global_step)
@@ -147,7 +153,7 @@ def test_a_failure_a_thread_stores_is_raised_by_the_next_run(ps):
     died = []
     sess, sv, train_op = recoverable_session(ps.place.cluster, died)
     sess.run(train_op)
-    errors.fail(sv.coord, 'the chief went away')
+    errors.fail(sess.session.coord, 'the chief went away')
     with pytest.raises(TaskFailed, match='^the chief went away$'):
         sess.run(train_op)
     # And by close(), which marks nothing done.
@@ -169,8 +175,139 @@ def test_a_chief_gone_while_a_worker_opens_is_raised_by_its_main_thread(ps):
     assert failed.value.message == (
         'the chief, /job:worker/task:0 (%s), went away before the model was '
         'ready: "bad data"' % ps.place.cluster.task_address('worker', 0))
-    assert threading.current_thread() is threading.main_thread()
+    # Raised by the main thread's wait, which left it: not by the watch.
+    assert failed.traceback[-1].name == '_wait_for_the_model'
     assert died == []
+
+
+def test_a_thread_of_the_session_before_fails_nothing_of_the_next(ps):
+    # A recovery makes a new session once the ps answers; a thread of the
+    # one before that was still running (a save stuck on the lost ps), and
+    # fails now, stores its failure in that session's coordinator alone.
+    hook = Hook()
+    died = []
+    sess, sv, train_op = recoverable_session(ps.place.cluster, died,
+                                             hooks=[hook])
+    before = sess.session
+    sess.session = sess.creator.create_session()
+    errors.fail(before.coord, 'a save stuck on the lost ps failed')
+    sess.run(train_op)
+    assert [coord for _, coord in hook.created] == [
+        before.coord, sess.session.coord]
+    # The session before is closed, its Watchdog's too, and its threads
+    # stopped.
+    for session in (before.session, before.watchdog.session):
+        with pytest.raises(RuntimeError, match='closed Session'):
+            session.run(sv.global_step)
+    assert not before.watchdog.is_alive()
+    sess.close()
+    assert died == []
+
+
+def test_a_failure_stored_as_the_chief_saves_its_last_checkpoint_is_raised(
+        ps, tmp_path, monkeypatch):
+    monkeypatch.setattr(liveness, 'GONE_SECS', 0.1)  # worker 1 never came
+    sess, sv, _ = recoverable_session(ps.place.cluster, [],
+                                      logdir=str(tmp_path))
+    saving = sess.creator.logdir
+    # A save before, still running, holds the lock; meanwhile a failure is
+    # stored, and the session closed, as the stall watch closes it: the
+    # save then meets a closed session, and the failure is what is raised.
+    saving._saving.acquire()
+    errors.fail(sess.session.coord, 'the chief went away')
+    sess.session.session.close()
+    threading.Timer(0.5, saving._saving.release).start()
+    with pytest.raises(TaskFailed, match='^the chief went away$'):
+        sess.close()
+
+
+def test_close_ends_at_once_with_a_thread_that_never_stops(ps):
+
+    class Stubborn(tf.train.SessionRunHook):
+        """A thread of the session's that never stops."""
+
+        def after_create_session(self, session, coord):
+            thread = threading.Thread(target=threading.Event().wait,
+                                      daemon=True)
+            coord.register_thread(thread)
+            thread.start()
+    sess, sv, _ = recoverable_session(ps.place.cluster, [],
+                                      hooks=[Stubborn()])
+    started = time.monotonic()
+    sess.close()
+    assert time.monotonic() - started < 5
+    assert list(ps.sess.run(ps.beats)) == [liveness.DONE, 0]
+
+
+def test_a_ps_that_freezes_as_a_recovery_reads_its_word_ends_the_worker(
+        ps, monkeypatch):
+    monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.05)
+    monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.1)
+    died = []
+    sess, _, _ = recoverable_session(ps.place.cluster, died,
+                                     startup_timeout=1)
+    # The ps answers the recovery's probe, then freezes: reading whether it
+    # says it was preempted blocks for good, and it no longer answers.
+    frozen, probed = threading.Event(), []
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: (
+        [0] if probed else probed.append(job) or []))
+    monkeypatch.setattr(liveness, 'preempted', lambda cluster: frozen.wait())
+
+    def recover():
+        # Thawed at the end, the ps says it was preempted: not back.
+        with pytest.raises(tf.errors.UnavailableError):
+            sess.creator.create_session()
+    threading.Thread(target=recover, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 30
+        while not died and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert died[0] == (
+            'lost the connection to /job:ps/task:0 (%s), waiting in reading '
+            'the ps tasks\' farewells: not done within 1 s '
+            '(--startup_timeout)' % ps.place.cluster.task_address('ps', 0))
+    finally:
+        frozen.set()
+
+
+class Unstick(tf.train.SessionRunHook):
+    """Puts an element in a queue in the second session only."""
+
+    def __init__(self, enqueue):
+        self.enqueue, self.created = enqueue, 0
+
+    def after_create_session(self, session, coord):
+        self.created += 1
+        if self.created == 2:
+            session.run(self.enqueue)
+
+
+def test_a_run_stuck_while_every_task_answers_goes_on_in_a_new_session(
+        ps, capsys, monkeypatch):
+    # A run that waits for good while every task answers (a RunGraph that
+    # gRPC sent twice after a cut network, in a run seen so): once the step
+    # has stood still for --stall_timeout, a new session, in which it runs
+    # again, and here goes on.
+    monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.2)
+    done(ps.place.cluster, 1)  # the other worker ended: none is missing
+    ops = {}
+
+    def build():
+        queue = tf.FIFOQueue(1, tf.int32)
+        ops['dequeue'] = queue.dequeue()
+        return [Unstick(queue.enqueue(1))]
+    died = []
+    sess, sv, _ = recoverable_session(ps.place.cluster, died,
+                                      stall_timeout=1, build=build)
+    assert sess.run(ops['dequeue']) == 1
+    sess.close()
+    assert died == []
+    assert capsys.readouterr().out == (
+        'worker=0: initialized the model\n'
+        'worker=0: no new global step for 1 s (--stall_timeout), waiting in '
+        'a training run, while every task answers; trying a new session\n'
+        'worker=0: joined the live model on the ps at global_step=0\n'
+        'worker=0: resuming at global_step=0\n')
 
 
 def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(

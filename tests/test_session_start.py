@@ -59,26 +59,33 @@ def supervisor(cluster, index, logdir=None):
 
 
 def open_session(cluster, sv, index, logdir=None, timeout=10,
-                 reopened=False):
+                 reopened=False, coord=None):
     """session_start.open_session() as worker `index` calls it, on its own
-    server, its model's graph the default one, as in its own process."""
+    server, its model's graph the default one, as in its own process; a
+    session's coordinator, `coord`, holds what its threads met."""
     spec, servers = cluster
-    watch = StallWatch(sv.coord, None, Place(spec, 'worker', index), 60, 60)
+    watch = StallWatch(None, Place(spec, 'worker', index), 60, 60)
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
             server.session_config('worker', index), spec, watch,
+            coord or tf.train.Coordinator(),
             Deadline(timeout, '--startup_timeout'), logdir, reopened)
 
 
 def is_live(cluster):
-    """model_is_live(), as a chief started now would find it."""
+    """Whether a chief started now would find the model ready on the ps,
+    as open_session() asks its Supervisor's SessionManager."""
     spec, servers = cluster
     sv, _ = supervisor(spec, 0)
-    with sv.global_step.graph.as_default():
-        return session_start.model_is_live(
-            sv, servers['worker', 0].target,
-            server.session_config('worker', 0))
+    try:
+        sv.session_manager.wait_for_session(
+            servers['worker', 0].target,
+            config=server.session_config('worker', 0),
+            max_wait_secs=0).close()
+        return True
+    except tf.errors.DeadlineExceededError:
+        return False
 
 
 def test_the_chief_initializes_a_new_model_which_the_others_find(
@@ -185,11 +192,24 @@ def test_a_worker_waiting_for_the_model_raises_a_failure_stored(cluster):
     # The chief went away, as a worker's Watchdog finds: the main thread
     # leaves its wait and raises it, well before the timeout.
     sv, _ = supervisor(cluster[0], 1)
-    threading.Timer(1, errors.fail, (sv.coord, 'the chief went away')).start()
+    coord = tf.train.Coordinator()
+    threading.Timer(1, errors.fail, (coord, 'the chief went away')).start()
     started = time.time()
     with pytest.raises(TaskFailed, match='^the chief went away$'):
-        open_session(cluster, sv, 1, timeout=60)
+        open_session(cluster, sv, 1, timeout=60, coord=coord)
     assert time.time() - started < 10
+
+
+def test_a_worker_waiting_for_the_model_stopped_without_a_failure_says_so(
+        cluster):
+    # A coordinator stopped on purpose, with nothing stored: no TypeError
+    # of a `raise None`.
+    sv, _ = supervisor(cluster[0], 1)
+    coord = tf.train.Coordinator()
+    threading.Timer(1, coord.request_stop).start()
+    with pytest.raises(TaskFailed,
+                       match='^stopped before the model was ready$'):
+        open_session(cluster, sv, 1, timeout=60, coord=coord)
 
 
 @pytest.mark.slow

@@ -70,8 +70,11 @@ def die(monkeypatch):
 
 
 def started(die, secs=60, ps_secs=60):
-    watch = StallWatch(tf.train.Coordinator(), die,
-                       Place(CLUSTER, 'worker', 0), secs, ps_secs)
+    """A watch started, storing in the coordinator of a session: its
+    `coord`."""
+    watch = StallWatch(die, Place(CLUSTER, 'worker', 0), secs, ps_secs)
+    watch.coord = tf.train.Coordinator()
+    watch.store_in(watch.coord)
     watch.start()
     return watch
 
@@ -125,19 +128,38 @@ def test_a_lost_ps_stored_closes_nothing_and_ends_after_ps_secs(die):
     assert not session.closed.is_set()
 
 
-@pytest.mark.parametrize('silent_workers, missing', [
-    ([WORKER], WORKER), ([], 'none')])
-def test_no_step_for_secs_during_a_call_names_the_silent_workers(
-        die, monkeypatch, silent_workers, missing):
-    monkeypatch.setattr(liveness, 'silent_workers',
-                        lambda place: silent_workers)
+def test_no_step_for_secs_during_a_call_names_the_silent_workers(die):
     watch = started(die, secs=0.2)
     with watch.calling('the sync token queue'):
         line = die.first()
     assert line == (
         'training stalled: no new global step for 0.2 s (--stall_timeout), '
-        'waiting in the sync token queue; missing: ' + missing)
+        'waiting in the sync token queue; missing: ' + WORKER)
     assert errors.stored(watch.coord).message == line
+
+
+def test_a_run_stuck_while_every_task_answers_gets_one_new_session(
+        die, monkeypatch):
+    monkeypatch.setattr(liveness, 'silent_workers', lambda place: [])
+    watch = started(die, secs=0.2)
+    watch.step(5)
+    # Stuck: the watch closes its session, and a new session is tried,
+    # as after a lost ps.
+    session = Session(cancels=True)
+    with watch.calling('a training run', session):
+        assert session.closed.wait(5)
+    stuck = errors.stored(watch.coord)
+    assert isinstance(stuck, errors.Stuck) and errors.is_lost(stuck)
+    assert stuck.message == (
+        'no new global step for 0.2 s (--stall_timeout), waiting in a '
+        'training run, while every task answers')
+    # The next session stuck at the same step: the worker ends.
+    watch.coord = tf.train.Coordinator()
+    watch.store_in(watch.coord)
+    with watch.calling('a training run'):
+        assert die.first() == (
+            'training stalled: no new global step for 0.2 s '
+            '(--stall_timeout), waiting in a training run; missing: none')
 
 
 def test_a_silent_ps_is_named_after_ps_secs(die, monkeypatch):

@@ -108,7 +108,7 @@ def test_progress_every_few_seconds(capsys, monkeypatch):
     # The log's clock is the test's: seconds pass when the test says so.
     now = [1000.0]
     monkeypatch.setattr(training_log_module, 'time',
-                        types.SimpleNamespace(time=lambda: now[0]))
+                        types.SimpleNamespace(monotonic=lambda: now[0]))
     every = TrainingLog.PROGRESS_EVERY_SECS
     with chief() as (sv, sess):
         log = training_log(sv, sess, 0, 1)
