@@ -95,6 +95,13 @@ flags.DEFINE_string('logdir', None,
                     'Nothing is written without it.')
 flags.DEFINE_float('save_checkpoint_secs', 60,
                    'Seconds between the chief\'s checkpoints in --logdir.')
+flags.DEFINE_integer('min_workers', None,
+                     'Async: the workers, the chief among them, with which '
+                     'the run may train (default: every worker listed). The '
+                     'others may come later or never, and any but the chief '
+                     'may leave (SIGTERM: a scale-down); fewer for '
+                     '--startup_timeout end the run. Sync takes no fewer '
+                     'than it aggregates.', lower_bound=1)
 flags.DEFINE_float('startup_timeout', 120,
                    'Seconds to wait for the other tasks to come up.')
 flags.DEFINE_float('ps_timeout', 120,
@@ -202,6 +209,10 @@ def start_task(sync, coordinator=False):
         # At start, a ps started beside it may not be up yet.
         task.end.before_leaving(
             lambda why: task.tell(why, task.end.LAST_WORDS_SECS - 1))
+        # In an elastic run, SIGTERM on a worker is a scale-down: it leaves,
+        # and the others train on without waiting for it.
+        if task.elastic and not task.is_chief:
+            task.end.on_preemption(task.scaled_down, FLAGS.preemption_grace)
     return task
 
 
@@ -245,10 +256,39 @@ class Task:
         self.config = server.session_config(
             self.job_name, self.index, self.gpu, FLAGS.gpu_memory_fraction,
             threads)
+        self.min_workers = FLAGS.min_workers or len(self.cluster['worker'])
+        self.elastic = self.min_workers < len(self.cluster['worker'])
+        self._check_min_workers(coordinator)
         # The chief's --logdir: the others write nothing.
         self.logdir = (Logdir(FLAGS.logdir, self.name,
                               FLAGS.save_checkpoint_secs)
                        if self.is_chief and FLAGS.logdir else None)
+
+    def _check_min_workers(self, coordinator):
+        """--min_workers, if given, must be one a run can train with; else
+        one line and exit status 2."""
+        workers = len(self.cluster['worker'])
+        if self.min_workers > workers:
+            exits.usage_error('--min_workers=%d, but the cluster lists %d '
+                              'workers' % (self.min_workers, workers))
+        if self.elastic and coordinator:
+            exits.usage_error('--min_workers: TensorFlow 2\'s coordinator '
+                              'connects to every listed worker as it starts')
+        aggregate = self.sync and (FLAGS.replicas_to_aggregate or workers)
+        if self.sync and self.min_workers < aggregate:
+            exits.usage_error(
+                '--min_workers=%d is below the %d gradients each sync update '
+                'aggregates (--replicas_to_aggregate): with fewer workers an '
+                'update would wait for good; backup workers, fewer to '
+                'aggregate than workers, are the margin sync has'
+                % (self.min_workers, aggregate))
+
+    def scaled_down(self):
+        """SIGTERM in an elastic run: this worker leaves, told to the ps
+        tasks; returns its line."""
+        self.tell('left on SIGTERM (a scale-down)',
+                  exits.TaskEnd.LAST_WORDS_SECS)
+        return 'left on SIGTERM; the others train on'
 
     def _gpu(self, coordinator):
         """The index, among the GPUs this process sees, of the one it uses,
@@ -324,13 +364,19 @@ class Task:
             lambda why: ps.tell_workers(why, self.end.LAST_WORDS_SECS))
         self.end.on_preemption(lambda: ps.preempted(FLAGS.preemption_grace),
                                FLAGS.preemption_grace)
-        print('%s: serving until every worker has come and gone; one that '
-              'has not come within %g s (--startup_timeout, and %d s for a '
-              'worker to name the one it waits for) ends the run'
-              % (self.name, FLAGS.startup_timeout, STARTUP_GRACE_SECS),
-              flush=True)
-        left = ps.serve_until_workers_gone(FLAGS.startup_timeout,
-                                           FLAGS.worker_timeout)
+        if self.elastic:
+            waits = ('the chief and every worker that came have ended; fewer '
+                     'than %d workers (--min_workers) for %g s '
+                     '(--startup_timeout) end the run'
+                     % (self.min_workers, FLAGS.startup_timeout))
+        else:
+            waits = ('every worker has come and gone; one that has not come '
+                     'within %g s (--startup_timeout, and %d s for a worker '
+                     'to name the one it waits for) ends the run'
+                     % (FLAGS.startup_timeout, STARTUP_GRACE_SECS))
+        print('%s: serving until %s' % (self.name, waits), flush=True)
+        left = ps.serve_until_workers_gone(
+            FLAGS.startup_timeout, FLAGS.worker_timeout, self.min_workers)
         # Ctrl-C or SIGTERM may have begun its end: its line is the last.
         if self.end.ending():
             threading.Event().wait()

@@ -16,7 +16,7 @@
 # the host's network instead.
 set -u
 
-usage_line="usage: $0 [-n NUM_WORKERS] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-s MS] [-e] [-t] [-H] {async|sync|tf2|compare|straggler} [script flags...]"
+usage_line="usage: $0 [-n NUM_WORKERS] [-m MIN_WORKERS [-l SECS]] [-p NUM_PS] [-b BASE_PORT] [-o RUN_DIR] [-s MS] [-e] [-t] [-H] {async|sync|tf2|compare|straggler} [script flags...]"
 
 usage() {
   echo "$usage_line" >&2
@@ -45,6 +45,10 @@ modes:
 
 options:
   -n NUM_WORKERS  worker tasks (default 3)
+  -m MIN_WORKERS  async or sync, elastic: start these of the workers, the
+                  rest -l seconds later if the chief still trains
+                  (--min_workers)
+  -l SECS         when the rest of -m's workers start (default 30)
   -p NUM_PS       ps tasks (default 1)
   -b BASE_PORT    first port: the ps tasks', then the workers' (default 9001)
   -o RUN_DIR      one log per task here (default runs/MODE-DATE-TIME)
@@ -71,10 +75,12 @@ EOF
 args=("$@")
 num_workers=3 num_ps=1 base_port=9001 run_dir='' host_network=0 evaluator=0
 with_tf2=0
-slow_ms=''
-while getopts 'n:p:b:o:s:etHh-:' opt; do
+slow_ms='' min_workers='' later=30
+while getopts 'n:m:l:p:b:o:s:etHh-:' opt; do
   case $opt in
     n) num_workers=$OPTARG ;;
+    m) min_workers=$OPTARG ;;
+    l) later=$OPTARG ;;
     p) num_ps=$OPTARG ;;
     b) base_port=$OPTARG ;;
     o) run_dir=$OPTARG ;;
@@ -92,9 +98,13 @@ shift $((OPTIND - 1))
 mode=$1
 shift
 [[ $mode == straggler ]] && slow_ms=${slow_ms:-20}
-for n in "$num_workers" "$num_ps" "$base_port" ${slow_ms:+"$slow_ms"}; do
+for n in "$num_workers" "$num_ps" "$base_port" "$later" ${slow_ms:+"$slow_ms"} ${min_workers:+"$min_workers"}; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "$0: error: '$n' is not a positive number" >&2; exit 2; }
 done
+if [[ -n $min_workers ]] && { [[ ! $mode =~ ^(async|sync)$ ]] || ((min_workers > num_workers)); }; then
+  echo "$0: error: -m starts some of the -n workers of async or sync" >&2
+  exit 2
+fi
 if ((with_tf2)) && [[ $mode != compare ]]; then
   echo "$0: error: -t adds a tf2 run to compare alone" >&2
   exit 2
@@ -219,11 +229,24 @@ if ((evaluator)); then
   # The evaluator follows the chief's checkpoints: they need a --logdir.
   [[ " $* " == *" --logdir="* ]] || set -- "$@" --logdir="$run_dir/logdir"
 fi
-echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts)$( ((evaluator)) && echo ', an evaluator')$([[ -n $slow_ms ]] && echo ", worker $((num_workers - 1)) $slow_ms ms slower a step"), logs in $run_dir"
+# Elastic: every task is told the fewest workers it may train with.
+[[ -n $min_workers ]] && set -- "$@" --min_workers="$min_workers"
+echo "$mode: $num_ps ps ($ps_hosts), $num_workers workers ($worker_hosts)$( ((evaluator)) && echo ', an evaluator')$([[ -n $slow_ms ]] && echo ", worker $((num_workers - 1)) $slow_ms ms slower a step")$([[ -n $min_workers ]] && echo ", $min_workers at first, the rest $later s later"), logs in $run_dir"
 for ((i = 0; i < num_ps; i++)); do start_task ps "$i" "$@"; ps_pids+=($!); done
-for ((i = 0; i < num_workers - 1; i++)); do start_task worker "$i" "$@"; worker_pids+=($!); done
-start_task worker $((num_workers - 1)) "$@" ${slow_ms:+--step_delay_ms="$slow_ms"}
-worker_pids+=($!)
+started=0 late_at=$((SECONDS + later))
+start_workers() {  # UP_TO, FLAGS...: the workers not started yet, below UP_TO
+  local up_to=$1
+  shift
+  for ((; started < up_to; started++)); do
+    if ((started == num_workers - 1)); then
+      start_task worker "$started" "$@" ${slow_ms:+--step_delay_ms="$slow_ms"}
+    else
+      start_task worker "$started" "$@"
+    fi
+    worker_pids+=($!)
+  done
+}
+start_workers "${min_workers:-$num_workers}" "$@"
 if ((evaluator)); then start_task evaluator 0 "$@"; evaluator_pids+=($!); fi
 
 why() {  # LOG: the task's own line that says why it ended, indented
@@ -238,9 +261,14 @@ killed() {  # STATUS LOG: the signal that killed a task that said nothing
 # launcher marks it as left on the ps tasks (launcher/tell_ps.py, whose
 # TensorFlow chatter goes to the worker's log), which would otherwise wait
 # --worker_timeout for it to come back.
-failed=0 running=$num_workers
+failed=0 running=$started
 while ((running > 0)); do
-  for ((i = 0; i < num_workers; i++)); do
+  # -m: the rest once it is time, while the chief trains.
+  if ((started < num_workers && SECONDS >= late_at)) && kill -0 "${worker_pids[0]}" 2>/dev/null; then
+    running=$((running + num_workers - started))
+    start_workers "$num_workers" "$@"
+  fi
+  for ((i = 0; i < started; i++)); do
     [[ -z ${worker_status[i]:-} ]] || continue
     kill -0 "${worker_pids[i]}" 2>/dev/null && continue
     wait "${worker_pids[i]}"
@@ -289,6 +317,7 @@ for ((i = 0; i < num_ps; i++)); do
   fi
 done
 for ((i = 0; i < num_workers; i++)); do
+  if ((i >= started)); then echo "worker $i: not started: the chief ended first"; continue; fi
   accuracy=$(sed -n 's/^worker=[0-9]*, final accuracy = //p' "$run_dir/worker$i.log")
   # The GPU a worker said it got, if any.
   gpu=$(sed -n 's/^\/job:worker\/task:[0-9]*: on \(GPU [0-9]* of [0-9]*\).*/, on \1/p' "$run_dir/worker$i.log")

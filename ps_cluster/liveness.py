@@ -170,6 +170,10 @@ class Watchdog(tf.train.LooperThread):
             one = tf.constant([1], tf.int64)
             self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
                                       for b in beats])
+            # A worker that comes, again too, counts anew: its slot may say
+            # LEFT or DONE of a life before, which would count it gone.
+            self.come_op = tf.group(*[
+                tf.scatter_update(b, [task_index], one) for b in beats])
             done = tf.constant([DONE], tf.int64)
             self.done_op = tf.group(*[tf.scatter_update(b, [task_index], done)
                                       for b in beats])
@@ -230,7 +234,7 @@ class Watchdog(tf.train.LooperThread):
             try:
                 with self.watch.calling('the first beat',
                                         deadline=deadline):
-                    self.session.run(self.beat_op)
+                    self.session.run(self.come_op)
                     return [self.session.run(self.departures)]
             except tf.errors.FailedPreconditionError:
                 return None

@@ -8,6 +8,7 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import liveness, probes
 from ps_cluster.deadlines import Deadline, poll
+from ps_cluster.exits import TaskFailed
 
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
@@ -64,31 +65,37 @@ class PsTask:
             '(--preemption_grace): its updates since the last checkpoint '
             'are lost' % secs))
 
-    def serve_until_workers_gone(self, startup_timeout, worker_timeout):
+    def serve_until_workers_gone(self, startup_timeout, worker_timeout,
+                                 min_workers=None):
         """Serves until every worker has come up and ended, or is silent for
         worker_timeout; instead of server.join(), which never returns.
         Returns the workers that left on purpose, at start-up or later, and
         why: a list of (index, reason). A worker that never beats raises
         TaskFailed after startup_timeout. Ps 0 counts departures for the
-        workers to read.
+        workers to read. With min_workers below the workers listed, the run
+        is elastic: a worker that has not come is not waited for once the
+        chief has ended, and fewer than min_workers here (come, and not
+        gone) for startup_timeout raise TaskFailed.
         """
         sess, workers = self.sess, self.workers
+        elastic = min_workers is not None and min_workers < len(workers)
         deadline = Deadline(startup_timeout, '--startup_timeout',
                             STARTUP_GRACE_SECS)
         last = np.zeros(len(workers), np.int64)
         heard = np.full(len(workers), np.nan)  # when each counter last moved
         gone = np.zeros(len(workers), bool)
-        polled = time.monotonic()
+        polled = enough = time.monotonic()
         while True:
             time.sleep(0.2)
             values, now = sess.run(self.beats), time.monotonic()
             if now - polled > 2:
                 # This ps was stopped or starved: the silence is its own.
                 heard[~np.isnan(heard)] = now
+                enough += now - polled
             polled = now
             moved = values != last
             heard[moved], gone[moved], last = now, False, values
-            ended = values < 0
+            ended, came = values < 0, ~np.isnan(heard)
             silent = now - heard  # nan: never heard
             newly_gone = ~gone & (liveness.has_left(values) |
                                   (~ended & (silent > liveness.GONE_SECS)))
@@ -96,17 +103,39 @@ class PsTask:
                 gone |= newly_gone
                 sess.run(self.depart,
                          {self.gone_now: np.flatnonzero(newly_gone)})
-            if np.all(ended | (silent > worker_timeout)):
-                if not np.all(ended):
-                    print('%s: every worker has ended or fell silent: %s '
-                          'not heard for %g s (--worker_timeout)' % (
-                              self.place.name, ', '.join(
-                                  self.place.task('worker', i)
-                                  for i in np.flatnonzero(~ended)),
-                              worker_timeout), flush=True)
+            waited = came if elastic else np.full(len(workers), True)
+            if np.all(ended | ~waited | (silent > worker_timeout)) and (
+                    ended[0] or not elastic):
+                self._say_how_it_ended(ended, came, values, worker_timeout,
+                                       elastic)
                 left = np.flatnonzero(liveness.has_left(values))
                 return [(int(i), reason.decode()) for i, reason in
                         zip(left, sess.run(self.reasons)[left])]
-            probes.fail_if_late('worker', workers,
-                                set(np.flatnonzero(np.isnan(heard))),
-                                deadline)
+            if not elastic:
+                probes.fail_if_late('worker', workers,
+                                    set(np.flatnonzero(~came)), deadline)
+            elif np.sum(came & ~gone) >= min_workers:
+                enough = now
+            elif now - enough > deadline.secs + STARTUP_GRACE_SECS:
+                raise TaskFailed(
+                    'fewer than %d workers (--min_workers) for %g s '
+                    '(--startup_timeout): %d of the %d listed here'
+                    % (min_workers, startup_timeout, np.sum(came & ~gone),
+                       len(workers)))
+
+    def _say_how_it_ended(self, ended, came, values, worker_timeout,
+                          elastic):
+        """The workers that fell silent, and in an elastic run how many
+        came and left, in a line each."""
+        if not np.all(ended | ~came):
+            print('%s: every worker has ended or fell silent: %s not heard '
+                  'for %g s (--worker_timeout)' % (
+                      self.place.name, ', '.join(
+                          self.place.task('worker', i)
+                          for i in np.flatnonzero(~ended & came)),
+                      worker_timeout), flush=True)
+        if elastic:
+            print('%s: every worker that came has ended: %d of the %d '
+                  'listed came, %d left' % (
+                      self.place.name, np.sum(came), len(came),
+                      np.sum(liveness.has_left(values))), flush=True)

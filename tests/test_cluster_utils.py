@@ -59,6 +59,8 @@ USAGE_ERRORS = [
      ['--gpu_jobs', 'worker, ps, evaluator, coordinator']),
     (['--job_name=worker', '--gpu_memory_fraction=1.5'] + CLUSTER,
      ['--gpu_memory_fraction', 'must be in (0, 1]']),
+    (['--job_name=worker', '--min_workers=3'] + CLUSTER,
+     ['--min_workers=3, but the cluster lists 2 workers']),
 ]
 
 
@@ -74,11 +76,20 @@ def test_usage_errors(args, words, monkeypatch, capsys):
 def test_usage_errors_as_a_run_meets_them(procs):
     # Each in a process of its own: one line, exit status 2, nothing left
     # running.
-    cases = [TOO_FEW_WORKERS, NO_SUCH_JOB]
-    bad = [procs.start([sys.executable, 'mnist_dist_async.py'] + args,
-                       'bad%d' % n) for n, (args, _) in enumerate(cases)]
+    # Sync cannot be elastic below what it aggregates, nor TensorFlow 2's
+    # cluster at all.
+    cases = [('async', *TOO_FEW_WORKERS), ('async', *NO_SUCH_JOB),
+             ('sync', ['--job_name=worker', '--min_workers=1'] + CLUSTER,
+              ['--min_workers=1 is below the 2 gradients each sync update '
+               'aggregates (--replicas_to_aggregate)']),
+             ('tf2', ['--job_name=ps', '--min_workers=1'] + CLUSTER,
+              ["--min_workers: TensorFlow 2's coordinator connects to every "
+               'listed worker as it starts'])]
+    bad = [procs.start([sys.executable, 'mnist_dist_%s.py' % script] + args,
+                       'bad%d' % n) for n, (script, args, _) in
+           enumerate(cases)]
     procs.wait_all(bad, START_UP)
-    for proc, (args, words) in zip(bad, cases):
+    for proc, (_, args, words) in zip(bad, cases):
         assert_one_error_line(procs, proc, 2, *words)
 
 

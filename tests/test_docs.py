@@ -13,9 +13,11 @@ DOCS = [os.path.join(REPO, 'README.md')] + sorted(
 # What launch_local.sh prints besides the tasks' own lines.
 LAUNCHER_LINES = [
     r'(async|sync|tf2): \d+ ps \(\S+\), \d+ workers \(\S+\)'
-    r'(, an evaluator)?(, worker \d+ \d+ ms slower a step)?, logs in \S+',
+    r'(, an evaluator)?(, worker \d+ \d+ ms slower a step)?'
+    r'(, \d+ at first, the rest \d+ s later)?, logs in \S+',
     r'---- (async|sync|tf2), \d+ workers, logs in \S+',
-    r'worker \d+: exit \d+(, final accuracy = \S+)?(, on GPU \d+ of \d+)?']
+    r'worker \d+: exit \d+(, final accuracy = \S+)?(, on GPU \d+ of \d+)?',
+    r'worker \d+: not started: the chief ended first']
 # The conversions of Python's %-formats in the lines our code prints.
 FORMATS = {'%d': r'-?\d+', '%s': r'.+', '%g': r'[\d.e+-]+',
            '%.1f': r'[\d.]+', '%.2f': r'[\d.]+', '%.0f': r'\d+'}

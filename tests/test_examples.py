@@ -285,7 +285,7 @@ def test_jobset_manifest(mode):
         assert pod.gpus == (1 if job == 'worker' else 0)
 
 
-@pytest.mark.parametrize('mode', ['async', 'sync'])
+@pytest.mark.parametrize('mode', ['async', 'sync', 'async-elastic'])
 def test_network_policy_admits_only_the_sets_own_pods(mode):
     """Beside each JobSet, a NetworkPolicy, valid in Kubernetes' own schema
     of networking.k8s.io/v1, that covers every pod of the set and admits to
@@ -306,7 +306,7 @@ def test_network_policy_admits_only_the_sets_own_pods(mode):
     claims = {'mnist-data': '/claims/data', 'mnist-logs': '/claims/logs'}
     manifest = jobset(mode)
     pods = kubelet.jobset_pods(manifest, claims)
-    other = 'sync' if mode == 'async' else 'async'
+    other = 'async' if mode == 'sync' else 'sync'
     others = kubelet.jobset_pods(jobset(other), claims)
     for selector in (spec['podSelector'], source['podSelector']):
         assert all(kubelet.selects(selector, pod.labels) for pod in pods)
@@ -317,6 +317,32 @@ def test_network_policy_admits_only_the_sets_own_pods(mode):
             'containers'][0].get('ports', [])}
     assert rule['ports'] == [{'protocol': 'TCP', 'port': port}
                              for port in sorted(ports)]
+
+
+def test_elastic_jobset_manifest():
+    manifest = jobset('async-elastic')
+    assert kubelet.crd_problems(manifest) == []
+    # Not under Kueue, whose elastic workloads take no JobSet.
+    assert 'labels' not in manifest['metadata']
+    assert manifest['spec']['successPolicy']['targetReplicatedJobs'] == [
+        'workers']
+    jobs = replicated_jobs(manifest)
+    assert jobs['workers']['parallelism'] == jobs['workers']['completions']
+    started = jobs['workers']['parallelism']
+    pods = kubelet.jobset_pods(manifest, {'mnist-data': '/claims/data',
+                                          'mnist-logs': '/claims/logs'})
+    # Every worker the set may have, by the DNS names JobSet would give
+    # them; it starts with --min_workers of them.
+    most = ['mnist-dist-async-elastic-workers-0-%d.mnist-dist-async-elastic'
+            ':2222' % i for i in range(4)]
+    for pod in pods:
+        check_command(pod.argv)
+        assert '--worker=' + ','.join(most) in pod.argv
+        assert '--min_workers=%d' % started in pod.argv
+        assert pod.grace > 20  # a removed worker says it left, in its grace
+        assert pod.gpus == (pod.replicated_job == 'workers')
+    assert [pod.fqdn + ':2222' for pod in pods
+            if pod.replicated_job == 'workers'] == most[:started]
 
 
 def test_a_jobset_the_api_server_would_refuse_is_named():
@@ -359,6 +385,7 @@ class JobSetRun:
 
     def __init__(self, manifest, image, claims, procs):
         self.manifest, self.image, self.procs = manifest, image, procs
+        self.claims = claims
         self.pods = kubelet.jobset_pods(manifest, claims)
         self.network = '%s-%s' % (manifest['metadata']['name'],
                                   uuid.uuid4().hex[:6])
@@ -389,6 +416,27 @@ class JobSetRun:
         for pod in self.pods:
             if pod.replicated_job == replicated_job:
                 self._run(pod)
+
+    def scale(self, name, count):
+        """An Elastic JobSet's patch of a replicated job's parallelism and
+        completions to count: the pods of new indices start; those of the
+        highest, beyond count, stop as the Job removes them (SIGTERM, then
+        SIGKILL after their grace). Returns the processes of those
+        removed."""
+        job = replicated_jobs(self.manifest)[name]
+        job['parallelism'] = job['completions'] = count
+        pods = kubelet.jobset_pods(self.manifest, self.claims)
+        running, kept = self.attempts[-1], {pod.hostname for pod in pods}
+        removed = [pod for pod in self.pods if pod.hostname not in kept]
+        self.pods = pods
+        for pod in pods:
+            if pod.hostname not in running:
+                self._run(pod)
+        if removed:
+            podman('stop', '--time=%d' % max(pod.grace for pod in removed),
+                   *[running[pod.hostname].container for pod in removed],
+                   timeout=120)
+        return [running[pod.hostname] for pod in removed]
 
     def container(self, hostname):
         return self.attempts[-1][hostname].container
@@ -543,6 +591,43 @@ def test_jobsets_in_containers(image, procs, small_data, tmp_path):
 
 
 RESTORED = (r'^worker=0: restored the model from \S+ at global_step=(\d+), ')
+
+
+@pytest.mark.slow
+def test_an_elastic_jobset_in_containers(image, procs, small_data, tmp_path):
+    """The elastic JobSet, pod by pod in containers, scaled as its comment
+    says: 2 workers, then 4 once the chief has trained 2 epochs, then 3:
+    the pod of index 3, removed, gets SIGTERM, and leaves. The set
+    completes, its workers each at their last epoch, and the ps ends by
+    itself, having counted who came and left."""
+    data = tmp_path / 'data'
+    shutil.copytree(small_data, str(data / 'mnist'))
+    logs = tmp_path / 'logs'
+    logs.mkdir()
+    run = JobSetRun(shortened(jobset('async-elastic'), '--epochs=40'), image,
+                    {'mnist-data': str(data), 'mnist-logs': str(logs)}, procs)
+    try:
+        run.start()
+        procs.wait_for_output(run.pods_of('workers')[0], r'^worker=0,epoch=2,',
+                              START_UP)
+        run.scale('workers', 4)
+        procs.wait_for_output(run.pods_of('workers')[3], r'^worker=3,epoch=1,',
+                              START_UP)
+        removed, = run.scale('workers', 3)
+        assert run.run(600)
+        procs.wait_all(list(run.attempts[-1].values()), START_UP)
+    finally:
+        run.remove()
+    assert procs.stderr(removed).endswith(
+        '/job:worker/task:3: left on SIGTERM; the others train on\n')
+    assert_clean_exit(procs, removed, 143)
+    workers = [assert_clean_exit(procs, pod, 0)
+               for pod in run.pods_of('workers')]
+    assert [sorted(final_accuracies(o)) for o in workers] == [[0], [1], [2]]
+    ps, = run.pods_of('ps')
+    assert ('/job:ps/task:0: every worker that came has ended: 4 of the 4 '
+            'listed came, 1 left') in assert_clean_exit(procs, ps, 0)
+    assert run.left() == ('', False)
 
 
 def vcjob():

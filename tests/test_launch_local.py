@@ -285,6 +285,8 @@ def test_launcher_downloads_before_it_enters_its_namespace(
     (['-b', '65534', 'async'], 'ports 65534-65537 do not exist'),
     (['-t', 'async'], '-t adds a tf2 run to compare alone'),
     (['-n', '1', 'tf2'], 'tf2 needs 2 workers or more'),
+    (['-n', '3', '-m', '4', 'async'], '-m starts some of the -n workers'),
+    (['-m', '2', 'tf2'], '-m starts some of the -n workers of async or sync'),
 ])
 def test_launcher_usage_errors(procs, tmp_path, args, message):
     launcher = launch(procs, tmp_path, *args)

@@ -5,12 +5,14 @@ workers; in a cluster of processes, a worker that never came ends every
 task. A ps waits for silent workers in test_recoverable_session.py."""
 
 import os
+import signal
 import threading
 import time
 
 import pytest
 
-from conftest import LONG_RUN, START_UP, assert_one_error_line
+from conftest import (LONG_RUN, START_UP, assert_clean_exit,
+                      assert_one_error_line, own_lines, run_accuracy)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -116,6 +118,29 @@ def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(
         '(--startup_timeout)' % cluster.task_address('worker', 1))
 
 
+def test_an_elastic_ps_waits_for_the_chief_and_the_workers_that_came(
+        cluster, ps, capsys):
+    # --min_workers=1 of 2: worker 1 never comes, and is not waited for
+    # once the chief has ended.
+    done(cluster, 0)
+    assert ps.serve_until_workers_gone(5, 60, min_workers=1) == []
+    assert capsys.readouterr().out == (
+        '/job:ps/task:0: every worker that came has ended: 1 of the 2 '
+        'listed came, 0 left\n')
+
+
+def test_an_elastic_ps_ends_the_run_with_too_few_workers(cluster, ps,
+                                                         monkeypatch):
+    monkeypatch.setattr(ps_task, 'STARTUP_GRACE_SECS', 0.5)
+    started = time.time()
+    with pytest.raises(TaskFailed) as failed:
+        ps.serve_until_workers_gone(0.5, 60, min_workers=1)
+    assert time.time() - started >= 0.5 + 0.5
+    assert failed.value.message == (
+        'fewer than 1 workers (--min_workers) for 0.5 s (--startup_timeout): '
+        '0 of the 2 listed here')
+
+
 def test_the_farewell_waits_for_a_beating_worker_no_longer_than_secs(
         cluster, ps):
     with beating(cluster, 1):
@@ -144,3 +169,60 @@ def test_worker_that_never_came_ends_every_task(procs, free_ports,
     assert_one_error_line(procs, tasks[0], 1, missing)
     for worker in tasks[1:]:
         assert_one_error_line(procs, worker, 1, 'which ended: "%s"' % missing)
+
+
+# Elastic async, side by side, 4 workers listed: --min_workers=2, workers 0
+# and 1 at first, 2 and 3 once the chief has printed its 2nd epoch, and
+# worker 3 SIGTERMed mid-run, as a JobSet scaled 2 -> 4 -> 3 would; the
+# same with worker 3 never started; and every worker from the start, not
+# elastic. Every task ends with its status, the ps by itself; the elastic
+# runs' model is the full run's, within 0.02.
+@pytest.mark.slow
+def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
+                                                    small_data, tmp_path):
+    def flags(name, *more):
+        return ['--data_dir=' + small_data, '--validation_size=100',
+                '--epochs=30', '--print_every_epochs=1', '--step_delay_ms=20',
+                '--learning_rate=0.5', '--logdir=%s' % (tmp_path / name),
+                *more]
+
+    def start(name, ports, indices, *more):
+        return [procs.script('async', 'worker', i, ports[:1], ports[1:],
+                             *flags(name, *more), name=name)
+                for i in indices]
+    runs = {}
+    for name, more in (('elastic', ['--min_workers=2']),
+                       ('never', ['--min_workers=2']), ('full', [])):
+        ports = free_ports(5)
+        ps = procs.script('async', 'ps', 0, ports[:1], ports[1:],
+                          *flags(name, *more), name=name)
+        first = 4 if name == 'full' else 2
+        runs[name] = ports, more, ps, start(name, ports, range(first), *more)
+    procs.wait_for_output(runs['elastic'][3][0], r'^worker=0,epoch=1,',
+                          START_UP)
+    for name, last in (('elastic', 4), ('never', 3)):
+        ports, more, _, workers = runs[name]
+        workers += start(name, ports, range(2, last), *more)
+    worker3 = runs['elastic'][3][3]
+    procs.wait_for_output(worker3, r'^worker=3,epoch=1,', START_UP)
+    os.kill(worker3.pid, signal.SIGTERM)
+    accuracies = {}
+    for name, (ports, _, ps, workers) in runs.items():
+        procs.wait_all(workers + [ps], START_UP)
+        ended = [w for w in workers if w is not worker3]
+        outputs = [assert_clean_exit(procs, w, 0) for w in ended]
+        accuracies[name] = run_accuracy(outputs, 'async')
+        said = assert_clean_exit(procs, ps, 0)
+        came = {'elastic': '4 of the 4 listed came, 1 left',
+                'never': '3 of the 4 listed came, 0 left'}.get(name)
+        assert not came or ('/job:ps/task:0: every worker that came has '
+                            'ended: ' + came) in said, said
+    assert_clean_exit(procs, worker3, 143)
+    assert own_lines(procs.stderr(worker3)) == [
+        '/job:worker/task:3: left on SIGTERM; the others train on']
+    assert ('/job:worker/task:3 (localhost:%d) left: "left on SIGTERM (a '
+            'scale-down)"' % runs['elastic'][0][4]) in procs.output(
+                runs['elastic'][2])
+    for name in ('elastic', 'never'):
+        assert abs(accuracies[name] - accuracies['full']) <= 0.02, accuracies
+
