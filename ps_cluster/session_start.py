@@ -53,18 +53,21 @@ class SessionCreator(tf.train.SessionCreator):
                         None, None, 'a ps task is not back')
             # Once the ps answers: closing a session waits on a ps gone.
             self.session.abandon()
+        made = []  # what this attempt stops and closes if it fails
         try:
-            self.session = self._create(coord, deadline)
-        except (tf.errors.OpError, RuntimeError):
+            self.session = self._create(coord, deadline, made)
+        except BaseException:
+            stop(coord, made[::-1])
             # A session the stall watch closed raises what it stored.
             coord.raise_requested_exception()
             raise
         return self.session
 
-    def _create(self, coord, deadline):
+    def _create(self, coord, deadline, made):
         reopened, sv = self.session is not None, self.sv
         # The others beat before they wait for the chief's model.
-        watchdog = None if sv.is_chief else self._watchdog(coord, deadline)
+        watchdog = None if sv.is_chief else self._watchdog(coord, deadline,
+                                                           made)
         try:
             session = open_session(sv, self.server.target, self.config,
                                    self.place.cluster, self.watch, coord,
@@ -72,7 +75,8 @@ class SessionCreator(tf.train.SessionCreator):
                                    reopened, watchdog and watchdog.chief_left)
         except tf.errors.InvalidArgumentError as e:
             raise errors.misplaced(self.place.cluster, e)
-        watchdog = watchdog or self._watchdog(coord, deadline)
+        made.append(session.close)
+        watchdog = watchdog or self._watchdog(coord, deadline, made)
         watchdog.watch_training(session)
         if reopened:
             with self.watch.calling('reading the global step', session):
@@ -145,10 +149,12 @@ class SessionCreator(tf.train.SessionCreator):
                 pass
         return word
 
-    def _watchdog(self, coord, deadline):
-        return liveness.Watchdog(coord, self.sv.global_step, self.server,
-                                 self.config, self.place, self.watch,
-                                 deadline, self.tokens)
+    def _watchdog(self, coord, deadline, made):
+        watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
+                                     self.config, self.place, self.watch,
+                                     deadline, self.tokens)
+        made += [watchdog.close, watchdog.join]
+        return watchdog
 
 
 class CoordinatedSession:
@@ -224,16 +230,21 @@ class CoordinatedSession:
         self.watchdog.close()
 
     def abandon(self):
-        """After a lost ps: its threads told to stop, its Watchdog stopped,
-        its sessions closed, each within STOP_SECS; what its threads met,
-        the lost ps, is not raised."""
-        self.coord.request_stop()
-        for call in (self.session.close, self.watchdog.join,
-                     self.watchdog.close):
-            try:
-                call_within(self.STOP_SECS, call)
-            except (TimeoutError, tf.errors.OpError, RuntimeError):
-                pass
+        """After a lost ps: its threads stopped and its sessions closed;
+        what its threads met, the lost ps, is not raised."""
+        stop(self.coord, [self.session.close, self.watchdog.join,
+                          self.watchdog.close])
+
+
+def stop(coord, closes):
+    """coord's threads told to stop, and each of closes called, within
+    STOP_SECS each: each may wait on a ps that froze as it left."""
+    coord.request_stop()
+    for close in closes:
+        try:
+            call_within(CoordinatedSession.STOP_SECS, close)
+        except (TimeoutError, tf.errors.OpError, RuntimeError):
+            pass
 
 
 def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,

@@ -310,6 +310,18 @@ def test_a_run_stuck_while_every_task_answers_goes_on_in_a_new_session(
         'worker=0: resuming at global_step=0\n')
 
 
+def test_an_attempt_that_fails_stops_its_watchdog(ps):
+    # Worker 1's first attempt: its Watchdog beats, then the chief never
+    # makes the model; the attempt fails, its Watchdog stopped and closed.
+    def watchdogs():
+        return [thread for thread in threading.enumerate()
+                if isinstance(thread, liveness.Watchdog)]
+    before = watchdogs()
+    with pytest.raises(TaskFailed, match='did not initialize the model'):
+        recoverable_session(ps.place.cluster, [], startup_timeout=1, index=1)
+    assert [dog for dog in watchdogs() if dog not in before] == []
+
+
 def test_no_ps_at_its_address_fails_the_worker_after_the_startup_timeout(
         free_ports):
     cluster = cluster_of(free_ports)  # nothing listens at the ps's port
