@@ -276,12 +276,16 @@ class Task:
                               'connects to every listed worker as it starts')
         aggregate = self.sync and (FLAGS.replicas_to_aggregate or workers)
         if self.sync and self.min_workers < aggregate:
-            exits.usage_error(
+            exits.usage_error((
                 '--min_workers=%d is below the %d gradients each sync update '
                 'aggregates (--replicas_to_aggregate): with fewer workers an '
                 'update would wait for good; backup workers, fewer to '
                 'aggregate than workers, are the margin sync has'
                 % (self.min_workers, aggregate))
+                if FLAGS['min_workers'].present else (
+                    '--replicas_to_aggregate=%d is above the %d workers '
+                    'listed: each update would wait for good'
+                    % (aggregate, workers)))
 
     def scaled_down(self):
         """SIGTERM in an elastic run: this worker leaves, told to the ps
@@ -434,7 +438,7 @@ class Task:
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
         watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
-                           FLAGS.ps_timeout)
+                           FLAGS.ps_timeout, self.elastic)
         watch.start()
         hooks = [tokens] if tokens else []
         if self.logdir:

@@ -264,7 +264,8 @@ killed() {  # STATUS LOG: the signal that killed a task that said nothing
 failed=0 running=$started
 while ((running > 0)); do
   # -m: the rest once it is time, while the chief trains.
-  if ((started < num_workers && SECONDS >= late_at)) && kill -0 "${worker_pids[0]}" 2>/dev/null; then
+  if ((started < num_workers && SECONDS >= late_at)) &&
+     ! grep -q '^worker=0, final accuracy' "$run_dir/worker0.log"; then
     running=$((running + num_workers - started))
     start_workers "$num_workers" "$@"
   fi

@@ -10,13 +10,14 @@ start-up too. The counters live in a graph of their own, so the Supervisor
 neither saves, initializes nor waits for them.
 """
 
+import contextlib
 import time
 
 import numpy as np
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors, probes
-from ps_cluster.deadlines import poll
+from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
 # The marks of a worker's beats that end it: done, or left on purpose. LEFT
@@ -105,10 +106,11 @@ def preempted(cluster):
                for k in range(cluster.num_tasks('ps')))
 
 
-def silent_workers(place):
+def silent_workers(place, came_only=False):
     """The workers other than place's whose beats on ps 0 stand still over
-    a second, not counting those that ended, as the lines name them; None
-    if ps 0 does not answer."""
+    a second, not counting those that ended (nor, came_only, those that
+    never beat: an elastic run waits for none of them), as the lines name
+    them; None if ps 0 does not answer."""
     def beats(beats, *_):
         return beats
     before = _run_on_ps(place.cluster, 0, beats)
@@ -117,7 +119,7 @@ def silent_workers(place):
     if before is None or after is None:
         return None
     return [place.task('worker', i) for i in np.flatnonzero(
-        (before == after) & (after >= 0)) if i != place.index]
+        (before == after) & (after >= int(came_only))) if i != place.index]
 
 
 def _run_on_ps(cluster, k, fetches):
@@ -185,7 +187,13 @@ class Watchdog(tf.train.LooperThread):
             with tf.device(self.departures.device):
                 self.departed = tf.reduce_sum(self.departures)
         self.session = tf.Session(server.target, graph=graph, config=config)
-        self.last_departures = self._first_beat(deadline)
+        try:
+            self.last_departures = self._first_beat(deadline)
+        except BaseException:
+            # Closed where it was opened, but not waited for on a lost ps.
+            with contextlib.suppress(Exception):
+                call_within(self.POLL_SECS * 10, self.session.close)
+            raise
         self.start()
 
     def watch_training(self, sess):

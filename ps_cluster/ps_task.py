@@ -104,8 +104,9 @@ class PsTask:
                 sess.run(self.depart,
                          {self.gone_now: np.flatnonzero(newly_gone)})
             waited = came if elastic else np.full(len(workers), True)
-            if np.all(ended | ~waited | (silent > worker_timeout)) and (
-                    ended[0] or not elastic):
+            over = ended | (silent > worker_timeout)
+            # Elastic: the chief too has ended, or fell silent.
+            if np.all(over | ~waited) and (over[0] or not elastic):
                 self._say_how_it_ended(ended, came, values, worker_timeout,
                                        elastic)
                 left = np.flatnonzero(liveness.has_left(values))

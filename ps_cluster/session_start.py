@@ -23,6 +23,10 @@ class SessionCreator(tf.train.SessionCreator):
     its life, would have to be cleared for the next session, and a thread
     of the last one could then store its failure in the new one's."""
 
+    # How long closing a preemption's session, and telling the ps tasks,
+    # may each take of the grace.
+    TELL_SECS = 3
+
     def __init__(self, sv, server, config, place, hooks, watch,
                  startup_timeout, preemption_grace, logdir=None,
                  tokens=None):
@@ -53,11 +57,11 @@ class SessionCreator(tf.train.SessionCreator):
                         None, None, 'a ps task is not back')
             # Once the ps answers: closing a session waits on a ps gone.
             self.session.abandon()
-        made = []  # what this attempt stops and closes if it fails
+        made = []  # what this attempt closes, in order, if it fails
         try:
             self.session = self._create(coord, deadline, made)
         except BaseException:
-            stop(coord, made[::-1])
+            stop(coord, made)
             # A session the stall watch closed raises what it stored.
             coord.raise_requested_exception()
             raise
@@ -75,7 +79,7 @@ class SessionCreator(tf.train.SessionCreator):
                                    reopened, watchdog and watchdog.chief_left)
         except tf.errors.InvalidArgumentError as e:
             raise errors.misplaced(self.place.cluster, e)
-        made.append(session.close)
+        made.insert(0, session.close)
         watchdog = watchdog or self._watchdog(coord, deadline, made)
         watchdog.watch_training(session)
         if reopened:
@@ -132,19 +136,23 @@ class SessionCreator(tf.train.SessionCreator):
                 if hold:
                     poll(held, deadline.left() / 2,
                          liveness.Watchdog.POLL_SECS + 0.1)
+                # What is left but the time to close and tell.
                 word = 'saved the model at global_step=%d' % call_within(
-                    deadline.left(), self.logdir.save, self.sv, sess)
+                    max(0, deadline.left() - 2 * self.TELL_SECS),
+                    self.logdir.save, self.sv, sess)
             except (tf.errors.OpError, ValueError, TimeoutError) as e:
                 word = ('cannot save the model in --logdir=%s (%s): its '
                         'updates since the last checkpoint are lost' % (
                             self.logdir.path, errors.what_went_wrong(e)))
-        # Each within what is left of the grace: a ps that leaves once told
-        # can hold up the close of the session that told it.
+        # Each within TELL_SECS of what is left of the grace: a ps that
+        # leaves once told can hold up the close of the session that told
+        # it.
         for call, args in ((sess and sess.close, ()), (
                 liveness.say_saved, (self.place.cluster, word))):
             try:
                 if call:
-                    call_within(deadline.left(), call, *args)
+                    call_within(min(self.TELL_SECS, deadline.left()), call,
+                                *args)
             except (TimeoutError, tf.errors.OpError):
                 pass
         return word
@@ -153,7 +161,7 @@ class SessionCreator(tf.train.SessionCreator):
         watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
                                      self.config, self.place, self.watch,
                                      deadline, self.tokens)
-        made += [watchdog.close, watchdog.join]
+        made += [watchdog.join, watchdog.close]
         return watchdog
 
 
@@ -264,6 +272,7 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
         with watch.calling('joining the live model', deadline=deadline):
             sess = sv.session_manager.wait_for_session(target, config=config,
                                                        max_wait_secs=0)
+        with watch.calling('reading the global step', sess):
             step = sess.run(sv.global_step)
         print('worker=0: joined the live model on the ps at global_step=%d'
               % step, flush=True)

@@ -20,23 +20,24 @@ class StallWatch(threading.Thread):
     No failure stored: a call during which the step has stood still for
     `secs`, or for `ps_secs` while a ps task does not answer, is a failure,
     which names the ps tasks that do not answer, else the workers whose
-    beats stand still (`place`, this worker's); but the first such run
-    while every task answers is errors.Stuck, after which a new session is
-    tried. A failure stored: the watch closes the session the main thread
-    runs in, which cancels the run, and the main thread raises it; if the
-    main thread is still inside the same call GRACE_SECS after the close,
-    the watch ends the worker (`end`), its last resort: TensorFlow waits
-    for a ps that is gone with no timeout as it opens a session, and a
-    frozen ps blocks even the closing. A lost ps's failure closes nothing,
-    and ends the worker only once `ps_secs` have passed."""
+    beats stand still (`place`, this worker's; in an `elastic` run, of
+    those that came); but the first such run while every task answers is
+    errors.Stuck, after which a new session is tried. A failure stored:
+    the watch closes the session the main thread runs in, which cancels
+    the run, and the main thread raises it; if the main thread is still
+    inside the same call GRACE_SECS after the close, the watch ends the
+    worker (`end`), its last resort: TensorFlow waits for a ps that is
+    gone with no timeout as it opens a session, and a frozen ps blocks even
+    the closing. A lost ps's failure closes nothing, and ends the worker
+    only once `ps_secs` have passed."""
 
     POLL_SECS = 0.5
     # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
 
-    def __init__(self, end, place, secs, ps_secs):
+    def __init__(self, end, place, secs, ps_secs, elastic=False):
         super().__init__(daemon=True, name='stall watch')
-        self.end, self.place = end, place
+        self.end, self.place, self.elastic = end, place, elastic
         self.secs, self.ps_secs = secs, ps_secs
         # The Watchdog writes the step, the main thread its call and the
         # coordinator.
@@ -126,12 +127,18 @@ class StallWatch(threading.Thread):
         if idle > self.secs:
             secs, flag = self.secs, '--stall_timeout'
             if not silent:
-                workers = self._within(liveness.silent_workers, self.place)
+                workers = self._within(liveness.silent_workers, self.place,
+                                       self.elastic)
                 why = 'missing: ' + (', '.join(
                     ['unknown'] if workers is None else workers) or 'none')
-                if workers == [] and self._stuck_at != self._step:
-                    # Once a step: a new session may carry the run on.
-                    self._stuck_at = self._step
+                with self._lock:
+                    # Once a step, and for the call still made: a new
+                    # session may carry the run on.
+                    stuck = workers == [] and self._stuck_at != self._step \
+                        and (self._call, self._coord) == (call, coord)
+                    if stuck:
+                        self._stuck_at = self._step
+                if stuck:
                     return self._store(coord, errors.Stuck(
                         'no new global step for %g s (--stall_timeout), '
                         'waiting in %s, while every task answers'

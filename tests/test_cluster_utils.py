@@ -82,6 +82,8 @@ def test_usage_errors_as_a_run_meets_them(procs):
              ('sync', ['--job_name=worker', '--min_workers=1'] + CLUSTER,
               ['--min_workers=1 is below the 2 gradients each sync update '
                'aggregates (--replicas_to_aggregate)']),
+             ('sync', ['--job_name=ps', '--replicas_to_aggregate=3'] + CLUSTER,
+              ['--replicas_to_aggregate=3 is above the 2 workers listed']),
              ('tf2', ['--job_name=ps', '--min_workers=1'] + CLUSTER,
               ["--min_workers: TensorFlow 2's coordinator connects to every "
                'listed worker as it starts'])]

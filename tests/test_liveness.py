@@ -311,6 +311,9 @@ def test_silent_workers_names_the_others_whose_counters_stand(shared_cluster):
     with beating(cluster, 3):
         assert liveness.silent_workers(sources.Place(cluster, 'worker', 0)) == [
             '/job:worker/task:1 (%s)' % cluster.task_address('worker', 1)]
+        # An elastic run waits for no worker that never came.
+        assert liveness.silent_workers(sources.Place(cluster, 'worker', 0),
+                                       came_only=True) == []
 
 
 # Each script, and each of 1 and 2 ps tasks: the other two pairs run with 3

@@ -129,6 +129,19 @@ def test_an_elastic_ps_waits_for_the_chief_and_the_workers_that_came(
         'listed came, 0 left\n')
 
 
+def test_an_elastic_ps_leaves_a_chief_that_fell_silent(cluster, ps,
+                                                      capsys):
+    # The chief died without a word (SIGKILL, a lost node), worker 1 never
+    # came: the ps ends after --worker_timeout, as without --min_workers.
+    beat(cluster, 0)
+    assert ps.serve_until_workers_gone(5, 1, min_workers=1) == []
+    assert capsys.readouterr().out == (
+        '/job:ps/task:0: every worker has ended or fell silent: '
+        '/job:worker/task:0 (%s) not heard for 1 s (--worker_timeout)\n'
+        '/job:ps/task:0: every worker that came has ended: 1 of the 2 '
+        'listed came, 0 left\n' % cluster.task_address('worker', 0))
+
+
 def test_an_elastic_ps_ends_the_run_with_too_few_workers(cluster, ps,
                                                          monkeypatch):
     monkeypatch.setattr(ps_task, 'STARTUP_GRACE_SECS', 0.5)

@@ -65,7 +65,7 @@ def die(monkeypatch):
     monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.02)
     monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.1)
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: [])
-    monkeypatch.setattr(liveness, 'silent_workers', lambda place: [WORKER])
+    monkeypatch.setattr(liveness, 'silent_workers', lambda *_: [WORKER])
     return Die()
 
 
@@ -140,7 +140,7 @@ def test_no_step_for_secs_during_a_call_names_the_silent_workers(die):
 
 def test_a_run_stuck_while_every_task_answers_gets_one_new_session(
         die, monkeypatch):
-    monkeypatch.setattr(liveness, 'silent_workers', lambda place: [])
+    monkeypatch.setattr(liveness, 'silent_workers', lambda *_: [])
     watch = started(die, secs=0.2)
     watch.step(5)
     # Stuck: the watch closes its session, and a new session is tried,
@@ -234,7 +234,7 @@ def test_probes_that_block_are_given_up_on(die, monkeypatch):
     frozen = threading.Event()  # a frozen ps, thawed when the test is done
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: frozen.wait())
     monkeypatch.setattr(liveness, 'silent_workers',
-                        lambda place: frozen.wait())
+                        lambda *_: frozen.wait())
     watch = started(die, secs=0.3, ps_secs=0.05)
     try:
         with watch.calling('a training run'):
