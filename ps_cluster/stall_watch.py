@@ -117,10 +117,10 @@ class StallWatch(threading.Thread):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
         if deadline:
-            return self._store(coord, TaskFailed(
-                'lost the connection to %s, waiting in %s: not done %s'
-                % (self.place.task('ps', silent[0]), what, deadline))
-                               ) if silent else None
+            return self._fail(
+                coord, 'lost the connection to %s, waiting in %s: not done %s'
+                % (self.place.task('ps', silent[0]), what, deadline)
+            ) if silent else None
         if silent:
             why = ', '.join(self.place.task('ps', i) + ' does not answer'
                             for i in silent)
@@ -139,17 +139,19 @@ class StallWatch(threading.Thread):
                     if stuck:
                         self._stuck_at = self._step
                 if stuck:
-                    return self._store(coord, errors.Stuck(
+                    stuck = errors.Stuck(
                         'no new global step for %g s (--stall_timeout), '
                         'waiting in %s, while every task answers'
-                        % (secs, what)))
+                        % (secs, what))
+                    coord.request_stop((errors.Stuck, stuck, None))
+                    return stuck
         elif silent:
             secs, flag = self.ps_secs, '--ps_timeout'
         else:
             return None
-        return self._store(coord, TaskFailed(
-            'training stalled: no new global step for %g s (%s), waiting in '
-            '%s; %s' % (secs, flag, what, why)))
+        return self._fail(
+            coord, 'training stalled: no new global step for %g s (%s), '
+            'waiting in %s; %s' % (secs, flag, what, why))
 
     def _line(self, failure):
         """What the worker ends with: a lost ps's, once the wait for it is
@@ -163,9 +165,9 @@ class StallWatch(threading.Thread):
             self.ps_secs)
 
     @staticmethod
-    def _store(coord, failure):
-        coord.request_stop((type(failure), failure, None))
-        return failure
+    def _fail(coord, message):
+        errors.fail(coord, message)
+        return TaskFailed(message)
 
     def _within(self, function, *args):
         """function(*args), or None if it blocks past POLL_SECS * 10 (a
