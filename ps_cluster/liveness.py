@@ -222,10 +222,13 @@ class Watchdog(tf.train.LooperThread):
             with self.watch.calling('the wait for the other workers'):
                 beats, now = self._run(self.beats), time.monotonic()
             if beats is None:
-                # A read that timed out, of a ps that answers: again.
-                if probes.answers(self.place.cluster.task_address('ps', 0)):
-                    continue
-                return
+                # A read that failed, of a ps that answers: again, a poll
+                # later.
+                if not probes.answers(
+                        self.place.cluster.task_address('ps', 0)):
+                    return
+                time.sleep(self.POLL_SECS)
+                continue
             if last is None:
                 heard, last = np.full(len(beats), now), beats
             heard[beats != last], last = now, beats
