@@ -20,7 +20,7 @@ from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
-from ps_cluster.logdir import CheckpointLoop, Logdir
+from ps_cluster.logdir import Logdir
 from ps_cluster.ps_task import STARTUP_GRACE_SECS, PsTask
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.session_start import SessionCreator
@@ -189,8 +189,10 @@ def start_task(sync, coordinator=False):
     sys.excepthook = one_line
 
     def thread_failed(args):
-        # Not stored: summaries lost cost the summaries, not the run.
-        if Logdir.is_summary_writer(args.thread):
+        # Not stored: summaries lost cost the summaries, not the run. It is
+        # TensorFlow's thread that writes them, which ends at the first
+        # write that fails, and TrainingLog writes no more.
+        if type(args.thread).__name__ == '_EventLoggerThread':
             Logdir(FLAGS.logdir, task.name).failed('write summaries',
                                                    args.exc_value)
         # Nor TensorFlow's own, closing a session left on an error, whose
@@ -419,7 +421,7 @@ class Task:
         """The chief's --logdir, which it writes, must take a file: else one
         line and exit status 2 before it joins the cluster."""
         if self.logdir:
-            _check(self.logdir)
+            self.logdir.check()
             self.logdir.forget_ended()
 
     def sync_tokens(self, optimizer, chief_queue_runner, init_token_op,
@@ -440,11 +442,9 @@ class Task:
         watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
                            FLAGS.ps_timeout, self.elastic)
         watch.start()
-        hooks = [tokens] if tokens else []
-        if self.logdir:
-            hooks.append(CheckpointLoop(self.logdir, sv))
         creator = SessionCreator(sv, worker_server, self.config, self.place,
-                                 hooks, watch, FLAGS.startup_timeout,
+                                 [tokens] if tokens else [], watch,
+                                 FLAGS.startup_timeout,
                                  FLAGS.preemption_grace, self.logdir, tokens)
         sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
         # From now on a ps that does not answer is lost, not late: one try.
@@ -487,7 +487,7 @@ class Task:
         TF2 run's), it follows that, and the coordinator exports."""
         export = logdir is None
         logdir = logdir or FLAGS.logdir
-        _check(Logdir(logdir, self.name))
+        Logdir(logdir, self.name).check()
         split = mnist_data.as_float(getattr(mnist, FLAGS.eval_split))
         chief = self.cluster['worker'][0]
         evaluator.follow(model, loss_and_accuracy, split, FLAGS.eval_split,
@@ -594,13 +594,6 @@ def _agreeing(source, cluster, job_name, task_index):
                               % (name, FLAGS[name].value, source, value))
         found.append(FLAGS[name].value if value is None else value)
     return (cluster, *found)
-
-
-def _check(logdir):
-    try:
-        logdir.check()
-    except ValueError as e:
-        raise TaskFailed(e, status=2)  # a usage error
 
 
 def slow_gradients(ms, global_step):

@@ -18,9 +18,6 @@ class Stuck(tf.errors.AbortedError):
     task answers (a request that gRPC sent twice after a cut network was
     seen so): lost like a ps, so that a new session carries the run on."""
 
-    def __init__(self, message):
-        super().__init__(None, None, message)
-
 
 def stored(coord):
     """The failure stored in coord (a tf.train.Coordinator), if any: the
@@ -34,8 +31,10 @@ def stored(coord):
 
 def fail(coord, message):
     """Stores TaskFailed(message) in coord, from any thread, unless a
-    failure is stored already."""
-    coord.request_stop((TaskFailed, TaskFailed(message), None))
+    failure is stored already; returns it."""
+    failure = TaskFailed(message)
+    coord.request_stop((TaskFailed, failure, None))
+    return failure
 
 
 def is_lost(error):
@@ -64,11 +63,11 @@ def what_went_wrong(error):
     return (after or lines or [''])[0]
 
 
-def lost_connection(cluster, error, this_task, missing=()):
+def lost_connection(place, error, missing=()):
     """'lost the connection to' a ps task of `missing` (found not
     answering), else to the task that a call in the error failed to reach,
-    else to another task it names, never this_task (job, index), else to
-    the ps tasks."""
+    else to another task it names, never the task at `place` (a
+    sources.Place), else to the ps tasks."""
     # The tasks named first may only have passed the error on: with 2 ps, a
     # live ps whose part of the step failed on the lost one.
     # Nor is this task lost: a call that this task's own server failed
@@ -76,31 +75,27 @@ def lost_connection(cluster, error, this_task, missing=()):
     def named(prefix):
         return [(job, int(i)) for job, i in re.findall(
             prefix + r'/job:(\w+)/replica:\d+/task:(\d+)',
-            error.message if error else '') if (job, int(i)) != this_task]
+            error.message if error else '') if (job, int(i)) != place[1:]]
     # Older TF, 1.15 among them, names no remote target.
     lost = ([('ps', i) for i in sorted(missing)] or named('remote target ')
             or named(''))
     if not lost:
         return 'lost the connection to a ps task (%s)' % ','.join(
-            cluster.job_tasks('ps'))
-    job, index = lost[0]
-    return 'lost the connection to /job:%s/task:%d (%s)' % (
-        job, index, cluster.task_address(job, index))
+            place.cluster.job_tasks('ps'))
+    return 'lost the connection to ' + place.task(*lost[0])
 
 
-def misplaced(cluster, error):
+def misplaced(place, error):
     """TaskFailed if an InvalidArgumentError says that the task answering at
-    an address of the cluster is not the one the cluster puts there (the
-    tasks were given clusters that differ); else the error."""
+    an address of the cluster (`place`'s) is not the one the cluster puts
+    there (the tasks were given clusters that differ); else the error."""
     unknown = re.search(r'/job:(\w+)/replica:\d+/task:(\d+)/\S+ unknown '
                         r'device', error.message)
     if not unknown:
         return error
-    job, index = unknown.group(1), int(unknown.group(2))
-    return TaskFailed('cannot place the model on /job:%s/task:%d (%s): '
-                      'another task answers there; give every task the same '
-                      'cluster'
-                      % (job, index, cluster.task_address(job, index)))
+    return TaskFailed('cannot place the model on %s: another task answers '
+                      'there; give every task the same cluster' % place.task(
+                          unknown.group(1), int(unknown.group(2))))
 
 
 def parse_errors_in_linear_time():

@@ -9,7 +9,7 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
 from ps_cluster.exits import TaskFailed
-from ps_cluster.logdir import checkpoint_step, chief_done, chief_left
+from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, checkpoint_step, marker
 
 # When this evaluator started, as the chief's markers in the logdir are
 # timed: one left before then was left by an earlier run.
@@ -58,9 +58,9 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
             beyond once the chief has been silent SILENT_POLLS polls (an
             async run resumed goes on past last_step, to an epoch's
             start)."""
-            done = chief_done(logdir, STARTED)
-            if done is not None:
-                return measured >= done
+            done = marker(logdir, CHIEF_DONE, STARTED)
+            if done:
+                return measured >= int(done)
             return (measured >= last_step
                     and time.monotonic() - heard >= SILENT_POLLS * POLL_SECS)
 
@@ -72,7 +72,7 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
             if chief_answers():
                 heard = time.monotonic()
             ended = at_the_end()
-            return (ended or chief_left(logdir, STARTED) is not None
+            return (ended or marker(logdir, CHIEF_LEFT, STARTED) is not None
                     or time.monotonic() - heard >= timeout)
 
         # checkpoints_iterator calls timeout_fn after each checkpoint, and
@@ -118,7 +118,7 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                 on_last(measured, {v.op.name: value for v, value in zip(
                     tf.global_variables(), sess.run(tf.global_variables()))})
             return
-    reason = chief_left(logdir, STARTED)
+    reason = marker(logdir, CHIEF_LEFT, STARTED)
     if reason is not None:
         raise TaskFailed('the chief, /job:worker/task:0, left before '
                          'global_step=%d: "%s"' % (last_step, reason))

@@ -1,6 +1,7 @@
 """How a task ends: one line and an exit status, at once and from any
 thread, having told the other tasks why when it ends on purpose."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -38,9 +39,9 @@ class TaskEnd:
     def __init__(self, name):
         self.name = name
         self._ending = threading.Lock()
-        # Set by the main thread, called by the one that ends the task.
-        self._telling = threading.Lock()
-        self._tell = self._preempted = None
+        # Set by the main thread only, and read, one attribute at a time, by
+        # the one that ends the task.
+        self._tell, self._preempted = (lambda reason: None), None
 
     def ending(self):
         """Whether a thread has begun to end this task."""
@@ -50,15 +51,13 @@ class TaskEnd:
         """tell(reason) will be called when this task ends on purpose (an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
         a task it will start again), instead of the tell given before."""
-        with self._telling:
-            self._tell = tell
+        self._tell = tell
 
     def on_preemption(self, save, secs):
         """SIGTERM, a scheduler's notice, will call save() first, for secs
         at most: the line it returns is this task's (None: it printed its
         own)."""
-        with self._telling:
-            self._preempted = save, secs
+        self._preempted = save, secs
 
     def fail(self, message, status=1):
         """Ends this task with a one-line error and status 1 (2: a usage
@@ -109,20 +108,18 @@ class TaskEnd:
             line = line()
         if tell:
             self._say_last_words(reason)
-        try:
+        # OSError: nobody reads stdout or stderr any more.
+        with contextlib.suppress(OSError):
             sys.stdout.flush()
             if line:
                 print('%s: %s' % (self.name(), line), file=sys.stderr,
                       flush=True)
-        except OSError:  # nobody reads stdout or stderr any more
-            pass
         os._exit(status)
 
     def _save(self):
         """The line of a task preempted: what on_preemption()'s save
         returns, within its secs."""
-        with self._telling:
-            preempted = self._preempted
+        preempted = self._preempted
         if preempted is None:
             return 'interrupted'
         save, secs = preempted
@@ -137,12 +134,8 @@ class TaskEnd:
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:
         a frozen ps can block a run of TensorFlow's past its timeout."""
-        with self._telling:
-            tell = self._tell
-        if tell is None:
-            return
         try:
-            call_within(self.LAST_WORDS_SECS, tell, reason)
+            call_within(self.LAST_WORDS_SECS, self._tell, reason)
         except TimeoutError:
             pass
         except Exception as e:  # none expected: it tells what answers

@@ -12,17 +12,12 @@ import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
 from ps_cluster.deadlines import call_within
+from ps_cluster.exits import TaskFailed
 
 
 # Why the chief left on purpose, and the step of its last checkpoint once it
 # ended its run: for an evaluator that follows the logdir.
 CHIEF_LEFT, CHIEF_DONE = 'chief_left', 'chief_done'
-
-
-def chief_left(path, since):
-    """Why the chief left on purpose, if it did after `since` (a time), as
-    it wrote in the logdir at path; else None."""
-    return _marker(path, CHIEF_LEFT, since)
 
 
 def checkpoint_step(path):
@@ -31,14 +26,10 @@ def checkpoint_step(path):
     return int(path.rpartition('-')[2])
 
 
-def chief_done(path, since):
-    """The global step of the chief's last checkpoint, if it ended its run
-    after `since` (a time); else None."""
-    step = _marker(path, CHIEF_DONE, since)
-    return int(step) if step else None
-
-
-def _marker(path, name, since):
+def marker(path, name, since):
+    """What the chief wrote in the marker `name` of the logdir at path, if
+    it did after `since` (a time): why it left on purpose (CHIEF_LEFT), the
+    global step of its last checkpoint (CHIEF_DONE); else None."""
     marker = os.path.join(path, name)
     try:
         if os.path.getmtime(marker) < since:
@@ -63,21 +54,6 @@ def close_within(writer, secs):
     return True
 
 
-class CheckpointLoop(tf.train.SessionRunHook):
-    """The chief's checkpoints in `logdir` (a Logdir), every
-    save_checkpoint_secs, in each new session, in a thread of the
-    session's that outlives a failed save: the Supervisor's own would stop
-    every thread of the chief."""
-
-    def __init__(self, logdir, sv):
-        self.logdir, self.sv = logdir, sv
-
-    def after_create_session(self, session, coord):
-        tf.train.LooperThread.loop(
-            coord, self.logdir.save_checkpoint_secs,
-            self.logdir.save_checkpoint, args=(self.sv, session))
-
-
 class Logdir:
     """Where the chief writes checkpoints, every save_checkpoint_secs, and
     summaries, and what a failed write there says; task_name names the
@@ -97,7 +73,7 @@ class Logdir:
 
     def check(self):
         """It must be a directory, or be creatable, and take a file; else
-        ValueError says why."""
+        TaskFailed, a usage error (status 2), says why."""
         # A probe of its own: the chief and an evaluator check at once.
         probe = os.path.join(self.path, '.writable-%s-%d' % (
             socket.gethostname(), os.getpid()))
@@ -107,8 +83,9 @@ class Logdir:
                 f.write('')
             tf.io.gfile.remove(probe)
         except tf.errors.OpError as e:
-            raise ValueError('--logdir=%s: cannot write there (%s)'
-                             % (self.path, errors.what_went_wrong(e)))
+            raise TaskFailed('--logdir=%s: cannot write there (%s)'
+                             % (self.path, errors.what_went_wrong(e)),
+                             status=2)
 
     def forget_ended(self):
         """A chief that starts again removes how an earlier one ended."""
@@ -183,9 +160,3 @@ class Logdir:
         print('%s: error: cannot %s in --logdir=%s (%s); training goes on'
               % (self.task_name, what, self.path,
                  errors.what_went_wrong(error)), file=sys.stderr, flush=True)
-
-    @staticmethod
-    def is_summary_writer(thread):
-        """Whether thread is TensorFlow's that writes the summaries: it ends
-        at the first write that fails, and TrainingLog writes no more."""
-        return type(thread).__name__ == '_EventLoggerThread'

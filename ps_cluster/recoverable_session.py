@@ -2,13 +2,12 @@
 keeps one: a run that lost a ps task is run again in a new session, which
 its creator makes once the ps answers again."""
 
-import time
-
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
-from ps_cluster.deadlines import Deadline
+from ps_cluster.deadlines import Deadline, poll
 from ps_cluster.exits import TaskFailed
+from ps_cluster.liveness import Watchdog
 
 
 class RecoverableSession:
@@ -17,21 +16,15 @@ class RecoverableSession:
     until `secs` (--ps_timeout) have passed; only the main thread runs in
     it."""
 
-    # How often an attempt is made.
-    POLL_SECS = 0.5
-
     def __init__(self, creator, secs):
         self.creator, self.secs = creator, secs
         self.session = None
 
     def open(self):
         """The first session; a ps lost as it opens ends the task."""
-        try:
-            self.session = self.creator.create_session()
-        except tf.errors.OpError as e:
-            if errors.is_lost(e):
-                raise TaskFailed(self.creator.lost(e))
-            raise
+        lost = self._attempt()
+        if lost:
+            raise TaskFailed(self.creator.lost(lost))
         return self
 
     def run(self, fetches, feed_dict=None):
@@ -46,20 +39,27 @@ class RecoverableSession:
     def _recover(self, error):
         deadline = Deadline(self.secs, '--ps_timeout')
         self.creator.recovering(error, deadline)
-        while True:
-            try:
-                self.session = self.creator.create_session()
-                return
-            except tf.errors.OpError as e:
-                if not errors.is_lost(e):
-                    raise
-            if not deadline.left():
-                raise TaskFailed('%s, which did not come back %s'
-                                 % (self.creator.lost(error), deadline))
-            time.sleep(self.POLL_SECS)
+        # An attempt each of the Watchdog's polls.
+        if not poll(lambda: not self._attempt(), deadline.left(),
+                    Watchdog.POLL_SECS):
+            raise TaskFailed('%s, which did not come back %s'
+                             % (self.creator.lost(error), deadline))
+
+    def _attempt(self):
+        """A new session; None, or the error of a lost ps (another is
+        raised)."""
+        try:
+            self.session = self.creator.create_session()
+        except tf.errors.OpError as e:
+            if not errors.is_lost(e):
+                raise
+            return e
+        return None
 
     def wait_for_the_others(self):
-        self.session.wait_for_the_others()
+        """Until every other worker has ended or is gone: the model then
+        holds the run's last step."""
+        self.session.watchdog.wait_for_the_others()
 
     def close(self):
         self.session.close()

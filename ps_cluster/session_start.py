@@ -4,6 +4,8 @@ which its threads stop on and store their failures in; the chief joins the
 model live on the ps tasks, restores it from the last checkpoint in
 --logdir, or initializes it, and says which; the others wait for it."""
 
+import contextlib
+
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors, liveness, probes
@@ -16,8 +18,9 @@ class SessionCreator(tf.train.SessionCreator):
     `place`), once the ps tasks answer, each with a Watchdog beating for
     this worker from before it waits for the model, and each of `hooks`
     told of it. The main thread's calls into TensorFlow are told to `watch`
-    (a StallWatch). The chief (`logdir`, a Logdir) saves a last checkpoint
-    as it closes, and, for a preemption, within preemption_grace.
+    (a StallWatch). The chief (`logdir`, a Logdir) saves checkpoints every
+    save_checkpoint_secs, a last one as it closes, and, for a preemption,
+    one within preemption_grace.
 
     The Supervisor starts no thread of its own: its coordinator, one for
     its life, would have to be cleared for the next session, and a thread
@@ -78,7 +81,7 @@ class SessionCreator(tf.train.SessionCreator):
                                    deadline, self.logdir and self.logdir.path,
                                    reopened, watchdog and watchdog.chief_left)
         except tf.errors.InvalidArgumentError as e:
-            raise errors.misplaced(self.place.cluster, e)
+            raise errors.misplaced(self.place, e)
         made.insert(0, session.close)
         watchdog = watchdog or self._watchdog(coord, deadline, made)
         watchdog.watch_training(session)
@@ -90,6 +93,12 @@ class SessionCreator(tf.train.SessionCreator):
         for hook in self.hooks:
             with self.watch.calling('starting a hook', session):
                 hook.after_create_session(session, coord)
+        # In a thread of the session's that outlives a failed save: the
+        # Supervisor's own would stop every thread of the chief.
+        if self.logdir and self.logdir.save_checkpoint_secs:
+            tf.train.LooperThread.loop(
+                coord, self.logdir.save_checkpoint_secs,
+                self.logdir.save_checkpoint, args=(sv, session))
         return CoordinatedSession(session, coord, sv, self.watch, watchdog,
                                   self.hooks, self.logdir)
 
@@ -112,8 +121,7 @@ class SessionCreator(tf.train.SessionCreator):
         """The line of a lost ps: which one, as the error names it, or as it
         does not answer."""
         return errors.lost_connection(
-            self.place.cluster, error, ('worker', self.place.index),
-            probes.silent(self.place.cluster, 'ps'))
+            self.place, error, probes.silent(self.place.cluster, 'ps'))
 
     def preempted(self, hold=False):
         """The chief's save when a scheduler preempts it or a ps (SIGTERM),
@@ -147,14 +155,11 @@ class SessionCreator(tf.train.SessionCreator):
         # Each within TELL_SECS of what is left of the grace: a ps that
         # leaves once told can hold up the close of the session that told
         # it.
-        for call, args in ((sess and sess.close, ()), (
-                liveness.say_saved, (self.place.cluster, word))):
-            try:
-                if call:
-                    call_within(min(self.TELL_SECS, deadline.left()), call,
-                                *args)
-            except (TimeoutError, tf.errors.OpError):
-                pass
+        for call in (sess and sess.close,
+                     lambda: liveness.say_saved(self.place.cluster, word)):
+            if call:
+                with contextlib.suppress(TimeoutError, tf.errors.OpError):
+                    call_within(min(self.TELL_SECS, deadline.left()), call)
         return word
 
     def _watchdog(self, coord, deadline, made):
@@ -199,11 +204,6 @@ class CoordinatedSession:
             raise
         return values
 
-    def wait_for_the_others(self):
-        """Until every other worker has ended or is gone: the model then
-        holds the run's last step."""
-        self.watchdog.wait_for_the_others()
-
     def close(self):
         """Ends this worker's session: the chief's last checkpoint, once
         the others are done; its threads stopped, and the stall watch; then
@@ -211,7 +211,7 @@ class CoordinatedSession:
         raised. Closing the session cancels what the threads wait in (the
         sync chief's wait for gradients that will not come)."""
         if self.logdir:
-            self.wait_for_the_others()
+            self.watchdog.wait_for_the_others()
             try:
                 step = self.logdir.save_checkpoint(
                     self.sv, self.session,
@@ -249,10 +249,9 @@ def stop(coord, closes):
     STOP_SECS each: each may wait on a ps that froze as it left."""
     coord.request_stop()
     for close in closes:
-        try:
+        with contextlib.suppress(TimeoutError, tf.errors.OpError,
+                                 RuntimeError):
             call_within(CoordinatedSession.STOP_SECS, close)
-        except (TimeoutError, tf.errors.OpError, RuntimeError):
-            pass
 
 
 def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
@@ -267,8 +266,8 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
     if not sv.is_chief:
         return _wait_for_the_model(sv, target, config, cluster, watch, coord,
                                    deadline, chief_left)
-    try:
-        # The model the ps tasks hold, if ready, as the others wait for it.
+    # The model the ps tasks hold, if ready, as the others wait for it.
+    with contextlib.suppress(tf.errors.DeadlineExceededError):
         with watch.calling('joining the live model', deadline=deadline):
             sess = sv.session_manager.wait_for_session(target, config=config,
                                                        max_wait_secs=0)
@@ -277,8 +276,6 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
         print('worker=0: joined the live model on the ps at global_step=%d'
               % step, flush=True)
         return sess
-    except tf.errors.DeadlineExceededError:
-        pass
     checkpoint = logdir and tf.train.latest_checkpoint(logdir)
     try:
         with watch.calling('opening a session', deadline=deadline):

@@ -9,7 +9,6 @@ import time
 
 from ps_cluster import errors, liveness, probes
 from ps_cluster.deadlines import call_within
-from ps_cluster.exits import TaskFailed
 
 
 class StallWatch(threading.Thread):
@@ -43,7 +42,7 @@ class StallWatch(threading.Thread):
         # coordinator.
         self._lock = threading.Lock()
         self._step, self._moved = None, time.monotonic()
-        self._call, self._calls, self._coord = None, 0, None
+        self._call, self._coord = None, None
         # The step at which a new session was last tried for a stuck run.
         self._stuck_at = None
         self._closed = threading.Event()
@@ -67,10 +66,9 @@ class StallWatch(threading.Thread):
         with a `deadline` (a Deadline) is a failure once it has passed
         while a ps task does not answer; one of none, once the step stands
         still too long."""
+        # A new tuple each call: the watch tells calls apart by identity.
         with self._lock:
-            self._calls += 1
-            self._call = (self._calls, what, session, deadline,
-                          time.monotonic())
+            self._call = (what, session, deadline, time.monotonic())
         try:
             yield
         finally:
@@ -95,14 +93,14 @@ class StallWatch(threading.Thread):
                 failure, errors.Stuck)
             if call is None or failure is None:
                 stuck = None
-            elif stuck is None or stuck[0] != call:
-                if call[2] is not None and not lost:
-                    self._within(call[2].close)
+            elif stuck is None or stuck[0] is not call:
+                if call[1] is not None and not lost:
+                    self._within(call[1].close)
                 stuck = call, time.monotonic()
             elif time.monotonic() - stuck[1] > (self.ps_secs if lost
                                                 else self.GRACE_SECS):
                 with self._lock:
-                    still = self._call == call
+                    still = self._call is call
                 if still:
                     self.end.fail(self._line(failure))  # it ends the worker
 
@@ -110,14 +108,14 @@ class StallWatch(threading.Thread):
         """The failure, stored, if the step has stood still too long during
         the call: a TaskFailed that names why, or errors.Stuck; else
         None."""
-        _, what, _, deadline, entered = call
+        what, _, deadline, entered = call
         idle = time.monotonic() - max(moved, entered)
         if deadline and deadline.left() or not deadline and idle <= min(
                 self.secs, self.ps_secs):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
         if deadline:
-            return self._fail(
+            return errors.fail(
                 coord, 'lost the connection to %s, waiting in %s: not done %s'
                 % (self.place.task('ps', silent[0]), what, deadline)
             ) if silent else None
@@ -135,21 +133,21 @@ class StallWatch(threading.Thread):
                     # Once a step, and for the call still made: a new
                     # session may carry the run on.
                     stuck = workers == [] and self._stuck_at != self._step \
-                        and (self._call, self._coord) == (call, coord)
+                        and self._call is call and self._coord is coord
                     if stuck:
                         self._stuck_at = self._step
                 if stuck:
                     stuck = errors.Stuck(
-                        'no new global step for %g s (--stall_timeout), '
-                        'waiting in %s, while every task answers'
-                        % (secs, what))
+                        None, None, 'no new global step for %g s '
+                        '(--stall_timeout), waiting in %s, while every task '
+                        'answers' % (secs, what))
                     coord.request_stop((errors.Stuck, stuck, None))
                     return stuck
         elif silent:
             secs, flag = self.ps_secs, '--ps_timeout'
         else:
             return None
-        return self._fail(
+        return errors.fail(
             coord, 'training stalled: no new global step for %g s (%s), '
             'waiting in %s; %s' % (secs, flag, what, why))
 
@@ -160,19 +158,12 @@ class StallWatch(threading.Thread):
             return errors.what_went_wrong(failure)
         return '%s, which did not come back within %g s (--ps_timeout)' % (
             errors.lost_connection(
-                self.place.cluster, failure, ('worker', self.place.index),
+                self.place, failure,
                 self._within(probes.silent, self.place.cluster, 'ps') or ()),
             self.ps_secs)
-
-    @staticmethod
-    def _fail(coord, message):
-        errors.fail(coord, message)
-        return TaskFailed(message)
 
     def _within(self, function, *args):
         """function(*args), or None if it blocks past POLL_SECS * 10 (a
         frozen ps) or fails."""
-        try:
+        with contextlib.suppress(Exception):  # none expected: it goes on
             return call_within(self.POLL_SECS * 10, function, *args)
-        except Exception:  # none expected: the watch goes on
-            return None

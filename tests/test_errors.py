@@ -8,6 +8,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.sources import Place
 
 
 
@@ -86,7 +87,7 @@ def test_is_lost(error, lost):
 def test_lost_connection(missing, line):
     cluster = tf.train.ClusterSpec({'ps': ['a:1', 'b:2'], 'worker': ['c:3']})
     error = tf.errors.UnavailableError(None, None, LOST_PS_1)
-    assert errors.lost_connection(cluster, error, ('worker', 0),
+    assert errors.lost_connection(Place(cluster, 'worker', 0), error,
                                   missing) == line
 
 
@@ -97,10 +98,10 @@ def test_lost_connection_never_names_the_task_that_prints_it():
         'Additional GRPC error information from remote target '
         '/job:worker/replica:0/task:1 while calling /tensorflow.'
         'WorkerService/RunGraph: Deadline Exceeded'))
-    me = ('worker', 1)
-    assert errors.lost_connection(cluster, error, me) == (
+    me = Place(cluster, 'worker', 1)
+    assert errors.lost_connection(me, error) == (
         'lost the connection to a ps task (a:1)')
-    assert errors.lost_connection(cluster, error, me, {0}) == (
+    assert errors.lost_connection(me, error, {0}) == (
         'lost the connection to /job:ps/task:0 (a:1)')
 
 
