@@ -494,8 +494,7 @@ class Task:
                          logdir, last_step, FLAGS.eval_timeout,
                          mnist_data.IMAGE_PIXELS, config=self.config,
                          on_last=export and (lambda step, values: (
-                             self._export(model, values, step,
-                                          mnist_data.as_float(mnist.test)))),
+                             self._export(model, values, step, mnist))),
                          chief_answers=lambda: probes.answers(chief))
         self.end.leave()
 
@@ -516,18 +515,19 @@ class Task:
                 parts[variable.op.name.split('/part_')[0]].append(value)
             values = {name: np.concatenate(part) if len(part) > 1 else part[0]
                       for name, part in parts.items()}
-            self._export(model, values, values['global_step'],
-                         mnist_data.as_float(mnist.test))
+            self._export(model, values, values['global_step'], mnist)
 
-    def _export(self, model, values, step, test):
-        """One writer per export: the chief and an evaluator may both have
-        --export_dir; the second to come finds the same model there."""
+    def _export(self, model, values, step, mnist):
+        """One writer per export, which says the model's accuracy on mnist's
+        test split: the chief and an evaluator may both have --export_dir;
+        the second to come finds the same model there."""
         if not FLAGS.export_dir:
             return
         path = os.path.join(FLAGS.export_dir, str(step))
         try:
-            accuracy = export_saved_model(model, values, path, test,
-                                          mnist_data.IMAGE_PIXELS)
+            accuracy = export_saved_model(
+                model, values, path, mnist_data.as_float(mnist.test),
+                mnist_data.IMAGE_PIXELS)
         except ValueError as e:
             raise TaskFailed('cannot export the model to %s: %s' % (path, e))
         except (tf.errors.OpError, OSError) as e:

@@ -34,11 +34,8 @@ PREEMPTED = 'preempted'
 
 class Preempted(tf.errors.UnavailableError):
     """A ps task's farewell that it was preempted, which the workers wait
-    for as for a lost ps, once the chief has saved the model."""
-
-    def __init__(self, task, address):
-        super().__init__(None, None, '%s (%s) was preempted' % (task,
-                                                                 address))
+    for as for a lost ps, once the chief has saved the model: "TASK was
+    preempted"."""
 
 
 def has_left(beats):
@@ -145,7 +142,7 @@ class Watchdog(tf.train.LooperThread):
     this worker, and reads through the ps tasks what the other tasks do. It
     raises, and so stores in coord, a ps that ended on purpose, and stores
     a lost ps, which the main thread recovers from; it tells `watch` (a
-    StallWatch) the global step once this worker trains (watch_training).
+    StallWatch) the global step once this worker trains in `sess`.
     A worker gone is named once if sync's `tokens` say it is not done;
     after a lost ps, a sync worker's Watchdog puts in tokens until the main
     thread recovers.
@@ -160,7 +157,6 @@ class Watchdog(tf.train.LooperThread):
         super().__init__(coord, self.POLL_SECS)
         self.coord, self.global_step, self.place = coord, global_step, place
         self.watch, self.tokens = watch, tokens
-        task_index = place.index
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
         self.sess = None
@@ -169,16 +165,17 @@ class Watchdog(tf.train.LooperThread):
             beats, departures, self.farewells, reasons = counters(
                 place.cluster.num_tasks('worker'),
                 range(place.cluster.num_tasks('ps')))
-            one = tf.constant([1], tf.int64)
-            self.beat_op = tf.group(*[tf.scatter_add(b, [task_index], one)
-                                      for b in beats])
-            # A worker that comes, again too, counts anew: its slot may say
-            # LEFT or DONE of a life before, which would count it gone.
-            self.come_op = tf.group(*[
-                tf.scatter_update(b, [task_index], one) for b in beats])
-            done = tf.constant([DONE], tf.int64)
-            self.done_op = tf.group(*[tf.scatter_update(b, [task_index], done)
-                                      for b in beats])
+
+            def on_each_ps(scatter, value):
+                return tf.group(*[scatter(b, [place.index], tf.constant(
+                    [value], tf.int64)) for b in beats])
+            # A worker that comes, again too, counts anew (come_op): its
+            # slot may say LEFT or DONE of a life before, which would count
+            # it gone.
+            self.beat_op, self.come_op, self.done_op = (
+                on_each_ps(tf.scatter_add, 1),
+                on_each_ps(tf.scatter_update, 1),
+                on_each_ps(tf.scatter_update, DONE))
             self.beats, self.departures = beats[0], departures[0]
             # The chief's slot and reason, read where they lie.
             with tf.device(reasons[0].device):
@@ -186,9 +183,26 @@ class Watchdog(tf.train.LooperThread):
             # Summed where it lies: a scalar a poll, not a vector.
             with tf.device(self.departures.device):
                 self.departed = tf.reduce_sum(self.departures)
+        # Its own, closed by its creator once the thread has stopped.
         self.session = tf.Session(server.target, graph=graph, config=config)
+
+        # Once before this worker waits for the model, so that the ps tasks
+        # know it from then on; they may not have set up their counters
+        # yet.
+        def first_beat():
+            try:
+                with self.watch.calling('the first beat',
+                                        deadline=deadline):
+                    self.session.run(self.come_op)
+                    return [self.session.run(self.departures)]
+            except tf.errors.FailedPreconditionError:
+                return None
         try:
-            self.last_departures = self._first_beat(deadline)
+            departures = poll(first_beat, deadline.left(), 0.2)
+            if departures is None:
+                raise TaskFailed('the ps tasks did not set up their liveness '
+                                 'counters %s' % deadline)
+            self.last_departures = departures[0]
         except BaseException:
             # Closed where it was opened, but not waited for on a lost ps.
             with contextlib.suppress(Exception):
@@ -196,16 +210,8 @@ class Watchdog(tf.train.LooperThread):
             raise
         self.start()
 
-    def watch_training(self, sess):
-        """From now on, this worker trains in sess."""
-        self.sess = sess
-
     def mark_done(self):
         self._run(self.done_op)
-
-    def close(self):
-        """Its session closed, once the thread has stopped."""
-        self.session.close()
 
     def wait_for_the_others(self):
         """Until every other worker has ended, or is gone (no beat for
@@ -214,46 +220,23 @@ class Watchdog(tf.train.LooperThread):
         but a lost ps's."""
         heard, last = None, None
         while True:
-            failure = errors.stored(self.coord)
-            if errors.is_lost(failure):
+            if errors.is_lost(errors.stored(self.coord)):
                 return
-            if failure is not None:
-                raise failure
+            self.coord.raise_requested_exception()
             with self.watch.calling('the wait for the other workers'):
                 beats, now = self._run(self.beats), time.monotonic()
-            if beats is None:
-                # A read that failed, of a ps that answers: again, a poll
-                # later.
-                if not probes.answers(
-                        self.place.cluster.task_address('ps', 0)):
-                    return
-                time.sleep(self.POLL_SECS)
-                continue
-            if last is None:
-                heard, last = np.full(len(beats), now), beats
-            heard[beats != last], last = now, beats
-            others = np.arange(len(beats)) != self.place.index
-            if np.all(((beats < 0) | (now - heard > GONE_SECS))[others]):
+            # A read that failed, of a ps that answers: again, a poll later.
+            if beats is None and not probes.answers(
+                    self.place.cluster.task_address('ps', 0)):
                 return
+            if beats is not None:
+                if last is None:
+                    heard, last = np.full(len(beats), now), beats
+                heard[beats != last], last = now, beats
+                others = np.arange(len(beats)) != self.place.index
+                if np.all(((beats < 0) | (now - heard > GONE_SECS))[others]):
+                    return
             time.sleep(self.POLL_SECS)
-
-    def _first_beat(self, deadline):
-        """Beats once before this worker waits for the model, so that the
-        ps tasks know it from then on; they may not have set up their
-        counters yet."""
-        def beat():
-            try:
-                with self.watch.calling('the first beat',
-                                        deadline=deadline):
-                    self.session.run(self.come_op)
-                    return [self.session.run(self.departures)]
-            except tf.errors.FailedPreconditionError:
-                return None
-        departures = poll(beat, deadline.left(), 0.2)
-        if departures is None:
-            raise TaskFailed('the ps tasks did not set up their liveness '
-                             'counters %s' % deadline)
-        return departures[0]
 
     def _run(self, fetches, session=None):
         """fetches, run in the liveness session or the given one, or None
@@ -285,8 +268,8 @@ class Watchdog(tf.train.LooperThread):
         for k, reason in enumerate(farewells):
             if reason.decode().startswith(PREEMPTED):
                 self.coord.request_stop((Preempted, Preempted(
-                    '/job:ps/task:%d' % k,
-                    self.place.cluster.task_address('ps', k)), None))
+                    None, None, self.place.task('ps', k) + ' was preempted'),
+                    None))
                 return
             if reason:
                 raise TaskFailed('lost the connection to %s, which ended: '
@@ -321,20 +304,12 @@ class Watchdog(tf.train.LooperThread):
         if departures is None:
             return
         for i in np.flatnonzero(departures > self.last_departures):
-            if i != self.place.index and self._is_gone():
-                print('worker=%d: %s is gone; training goes on without it'
-                      % (self.place.index, self._task(i)), flush=True)
+            # Named once sync's tokens say it is gone; async's workers wait
+            # for nobody, and are not told. A ps may not answer.
+            with contextlib.suppress(tf.errors.OpError, RuntimeError):
+                if (i != self.place.index and self.tokens and self.sess
+                        is not None and self.tokens.on_departure(self.sess)):
+                    print('worker=%d: %s is gone; training goes on without '
+                          'it' % (self.place.index,
+                                  self.place.task('worker', i)), flush=True)
         self.last_departures = departures
-
-    def _is_gone(self):
-        """Whether sync's tokens say a worker is gone; async's workers wait
-        for nobody, and are not told."""
-        if self.tokens is None or self.sess is None:
-            return False
-        try:
-            return self.tokens.on_departure(self.sess)
-        except (tf.errors.OpError, RuntimeError):  # a ps cannot answer
-            return False
-
-    def _task(self, i):
-        return self.place.task('worker', i)

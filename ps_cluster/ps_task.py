@@ -107,8 +107,20 @@ class PsTask:
             over = ended | (silent > worker_timeout)
             # Elastic: the chief too has ended, or fell silent.
             if np.all(over | ~waited) and (over[0] or not elastic):
-                self._say_how_it_ended(ended, came, values, worker_timeout,
-                                       elastic)
+                # The workers that fell silent, and in an elastic run how
+                # many came and left, in a line each.
+                if not np.all(ended | ~came):
+                    print('%s: every worker has ended or fell silent: %s not '
+                          'heard for %g s (--worker_timeout)' % (
+                              self.place.name, ', '.join(
+                                  self.place.task('worker', i)
+                                  for i in np.flatnonzero(~ended & came)),
+                              worker_timeout), flush=True)
+                if elastic:
+                    print('%s: every worker that came has ended: %d of the '
+                          '%d listed came, %d left' % (
+                              self.place.name, np.sum(came), len(came),
+                              np.sum(liveness.has_left(values))), flush=True)
                 left = np.flatnonzero(liveness.has_left(values))
                 return [(int(i), reason.decode()) for i, reason in
                         zip(left, sess.run(self.reasons)[left])]
@@ -123,20 +135,3 @@ class PsTask:
                     '(--startup_timeout): %d of the %d listed here'
                     % (min_workers, startup_timeout, np.sum(came & ~gone),
                        len(workers)))
-
-    def _say_how_it_ended(self, ended, came, values, worker_timeout,
-                          elastic):
-        """The workers that fell silent, and in an elastic run how many
-        came and left, in a line each."""
-        if not np.all(ended | ~came):
-            print('%s: every worker has ended or fell silent: %s not heard '
-                  'for %g s (--worker_timeout)' % (
-                      self.place.name, ', '.join(
-                          self.place.task('worker', i)
-                          for i in np.flatnonzero(~ended & came)),
-                      worker_timeout), flush=True)
-        if elastic:
-            print('%s: every worker that came has ended: %d of the %d '
-                  'listed came, %d left' % (
-                      self.place.name, np.sum(came), len(came),
-                      np.sum(liveness.has_left(values))), flush=True)

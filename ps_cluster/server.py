@@ -90,19 +90,6 @@ def size_grpc_client(threads):
     os.environ.setdefault('TF_GRPC_WORKER_CACHE_THREADS', str(threads))
 
 
-def usable_cpus(cgroup_root='/sys/fs/cgroup'):
-    """(the CPUs this process may use, what says so): its affinity mask, or
-    its cgroup's CPU quota where that allows fewer."""
-    if hasattr(os, 'sched_getaffinity'):
-        cpus, limit = len(os.sched_getaffinity(0)), 'affinity'
-    else:  # macOS
-        cpus, limit = os.cpu_count(), 'all'
-    quota = quota_cpus(*_cgroup_quota(cgroup_root))
-    if quota is not None and quota < cpus:
-        cpus, limit = quota, 'cgroup quota'
-    return cpus, limit
-
-
 def quota_cpus(quota, period):
     """The CPUs a CFS quota of `quota` µs a `period` allows, rounded up;
     None without a quota ('max' in cgroup v2, -1 in v1, or none found)."""
@@ -142,9 +129,16 @@ def _cgroup_quota(root):
 
 def cpu_share(cluster, address, cgroup_root='/sys/fs/cgroup'):
     """(threads for each pool of the task at address, and why): the CPUs
-    this process may use, divided among the tasks of cluster ({job:
+    this process may use (its affinity mask, or its cgroup's CPU quota
+    where that allows fewer), divided among the tasks of cluster ({job:
     ['host:port', ...]}) on its host; at least 1."""
-    cpus, limit = usable_cpus(cgroup_root)
+    if hasattr(os, 'sched_getaffinity'):
+        cpus, limit = len(os.sched_getaffinity(0)), 'affinity'
+    else:  # macOS
+        cpus, limit = os.cpu_count(), 'all'
+    quota = quota_cpus(*_cgroup_quota(cgroup_root))
+    if quota is not None and quota < cpus:
+        cpus, limit = quota, 'cgroup quota'
     tasks = len(on_host(sum(cluster.values(), []), address))
     return max(1, cpus // tasks), '%d CPUs (%s) shared by %d tasks on %s' % (
         cpus, limit, tasks, address.rpartition(':')[0])

@@ -84,7 +84,7 @@ class SessionCreator(tf.train.SessionCreator):
             raise errors.misplaced(self.place, e)
         made.insert(0, session.close)
         watchdog = watchdog or self._watchdog(coord, deadline, made)
-        watchdog.watch_training(session)
+        watchdog.sess = session
         if reopened:
             with self.watch.calling('reading the global step', session):
                 step = session.run(sv.global_step)
@@ -166,7 +166,7 @@ class SessionCreator(tf.train.SessionCreator):
         watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
                                      self.config, self.place, self.watch,
                                      deadline, self.tokens)
-        made += [watchdog.join, watchdog.close]
+        made += [watchdog.join, watchdog.session.close]
         return watchdog
 
 
@@ -235,13 +235,13 @@ class CoordinatedSession:
             self.logdir.close_summaries(self.sv.summary_writer)
         self.watch.close()
         self.watchdog.mark_done()
-        self.watchdog.close()
+        self.watchdog.session.close()
 
     def abandon(self):
         """After a lost ps: its threads stopped and its sessions closed;
         what its threads met, the lost ps, is not raised."""
         stop(self.coord, [self.session.close, self.watchdog.join,
-                          self.watchdog.close])
+                          self.watchdog.session.close])
 
 
 def stop(coord, closes):

@@ -52,15 +52,12 @@ class Staleness:
         if self.drops_stale and staleness > 0:
             self.dropped += gradients
 
-    def mean(self):
-        runs = sum(self.counts.values())
-        return sum(s * n for s, n in self.counts.items()) / max(runs, 1)
-
     def line(self, task_index):
         return ('worker=%d, gradients=%d, applied=%d, dropped=%d, '
                 'staleness mean=%.2f (%s)'
                 % (task_index, self.gradients, self.gradients - self.dropped,
-                   self.dropped, self.mean(),
+                   self.dropped, sum(s * n for s, n in self.counts.items())
+                   / max(sum(self.counts.values()), 1),
                    ' '.join('%d:%d' % item
                             for item in sorted(self.counts.items()))))
 

@@ -26,8 +26,8 @@ class SyncTokens(tf.train.SessionRunHook):
         self._due, self._started = None, False
 
     def after_create_session(self, session, coord):
-        """The chief's updates, in a thread of the Supervisor's (`coord`
-        joins it), and the tokens that let the first step complete: in the
+        """The chief's updates, in a thread of the session's (`coord` stops
+        it), and the tokens that let the first step complete: in the
         first session once its first run, in which the script reads where
         training starts, has returned (after_run); the updates would move
         the step first. In a later session, after a lost ps, at once: the

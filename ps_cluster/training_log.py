@@ -35,8 +35,12 @@ class TrainingLog:
         # off its terminal.
         for line in placement:
             print('/job:worker/task:%d: %s' % (task_index, line), flush=True)
+        # For TensorBoard's text dashboard, a row a line.
         if self.writing and placement:
-            self._text(global_step, 'placement', placement)
+            self._write(global_step, [tf.Summary.Value(
+                tag='placement', tensor=tf.make_tensor_proto(placement),
+                metadata=tf.SummaryMetadata(plugin_data=(
+                    tf.SummaryMetadata.PluginData(plugin_name='text'))))])
         print('worker=%d, starting at global_step=%d'
               % (task_index, global_step), flush=True)
 
@@ -102,13 +106,6 @@ class TrainingLog:
     def _summary(self, global_step, **values):
         self._write(global_step, [tf.Summary.Value(tag=tag, simple_value=value)
                                   for tag, value in values.items()])
-
-    def _text(self, global_step, tag, lines):
-        """Lines for TensorBoard's text dashboard, a row each."""
-        self._write(global_step, [tf.Summary.Value(
-            tag=tag, tensor=tf.make_tensor_proto(list(lines)),
-            metadata=tf.SummaryMetadata(plugin_data=(
-                tf.SummaryMetadata.PluginData(plugin_name='text'))))])
 
     def _write(self, global_step, values):
         try:

@@ -158,7 +158,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
     try:
         if training:
             sess.run(init_op)
-            dog.watch_training(sess)
+            dog.sess = sess
         yield dog
     finally:
         dog.coord.request_stop()
@@ -166,7 +166,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
             dog.coord.join()
         except TaskFailed:  # the failure the test read
             pass
-        dog.close()
+        dog.session.close()
         sess.close()
 
 

@@ -26,7 +26,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster.exits import TaskFailed  # noqa: E402
-from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir, marker  # noqa: E402
+from ps_cluster.logdir import (  # noqa: E402
+    CHIEF_DONE, CHIEF_LEFT, Logdir, marker)
 
 
 def chief_left(path, since):

@@ -167,7 +167,6 @@ def two_cpus():
 
 def test_a_task_takes_its_share_of_the_cpus_it_may_use(tmp_path, two_cpus):
     no_quota = str(tmp_path / 'none')
-    assert server.usable_cpus(no_quota) == (2, 'affinity')
     # 4 tasks on node1, 2 on node2: 2 CPUs shared by 4 give each 1 thread,
     # never 0; by 2, 1 each too.
     assert server.cpu_share(CLUSTER, 'node1:2223', no_quota) == (
@@ -177,7 +176,9 @@ def test_a_task_takes_its_share_of_the_cpus_it_may_use(tmp_path, two_cpus):
     alone = {'ps': ['node1:2222'], 'worker': ['node2:2223']}
     assert server.cpu_share(alone, 'node1:2222', no_quota)[0] == 2
     # A quota below the mask is the limit; above it, the mask is.
-    assert server.usable_cpus(cgroup_root(tmp_path / 'one', 1)) == (
-        1, 'cgroup quota')
-    assert server.usable_cpus(cgroup_root(tmp_path / 'eight', 8)) == (
-        2, 'affinity')
+    assert server.cpu_share(alone, 'node1:2222', cgroup_root(
+        tmp_path / 'one', 1)) == (1, '1 CPUs (cgroup quota) shared by 1 '
+                                     'tasks on node1')
+    assert server.cpu_share(alone, 'node1:2222', cgroup_root(
+        tmp_path / 'eight', 8)) == (2, '2 CPUs (affinity) shared by 1 tasks '
+                                       'on node1')
