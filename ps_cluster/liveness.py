@@ -148,6 +148,7 @@ class Watchdog(tf.train.LooperThread):
     thread recovers.
     """
 
+    # A beat each; the recovery's attempts too. Ten missed make GONE_SECS.
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))

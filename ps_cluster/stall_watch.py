@@ -30,6 +30,8 @@ class StallWatch(threading.Thread):
     the closing. A lost ps's failure closes nothing, and ends the worker
     only once `ps_secs` have passed."""
 
+    # How often it looks at the main thread's call; a probe it makes may
+    # take ten polls (_within()).
     POLL_SECS = 0.5
     # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
