@@ -7,12 +7,13 @@ import time
 
 
 class Deadline:
-    """The end of a wait, `secs` from now (and `grace` more), which the flag
-    `flag` sets; str() says it as a line ends a wait that timed out."""
+    """The end of a wait, `secs` from now or from `since` (a time.monotonic()
+    of the past), and `grace` more, which the flag `flag` sets; str() says
+    it as a line ends a wait that timed out."""
 
-    def __init__(self, secs, flag, grace=0):
+    def __init__(self, secs, flag, grace=0, since=None):
         self.secs, self.flag = secs, flag
-        self.at = time.monotonic() + secs + grace
+        self.at = (since or time.monotonic()) + secs + grace
 
     def left(self):
         return max(0, self.at - time.monotonic())

@@ -37,19 +37,22 @@ class RecoverableSession:
                 self._recover(e)
 
     def _recover(self, error):
-        deadline = Deadline(self.secs, '--ps_timeout')
+        # One wait a loss, from when it was found, every attempt within it.
+        deadline = Deadline(self.secs, '--ps_timeout',
+                            since=self.creator.watch.lost())
         self.creator.recovering(error, deadline)
         # An attempt each of the Watchdog's polls.
-        if not poll(lambda: not self._attempt(), deadline.left(),
+        if not poll(lambda: not self._attempt(deadline), deadline.left(),
                     Watchdog.POLL_SECS):
             raise TaskFailed('%s, which did not come back %s'
                              % (self.creator.lost(error), deadline))
+        self.creator.watch.lost(found=False)
 
-    def _attempt(self):
-        """A new session; None, or the error of a lost ps (another is
-        raised)."""
+    def _attempt(self, deadline=None):
+        """A new session, its waits within deadline (a recovery's); None,
+        or the error of a lost ps (another is raised)."""
         try:
-            self.session = self.creator.create_session()
+            self.session = self.creator.create_session(deadline)
         except tf.errors.OpError as e:
             if not errors.is_lost(e):
                 raise

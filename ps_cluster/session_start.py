@@ -41,12 +41,14 @@ class SessionCreator(tf.train.SessionCreator):
         self.preemption_grace = preemption_grace
         self.session = None  # the last one created
 
-    def create_session(self):
+    def create_session(self, deadline=None):
         """One attempt: a CoordinatedSession; or the error of a lost ps
         (errors.is_lost), a ps not answering or saying it was preempted
-        among them; or TaskFailed. The first waits for the ps tasks to come
-        up, within startup_timeout."""
-        deadline = Deadline(self.startup_timeout, '--startup_timeout')
+        among them; or TaskFailed. Its waits end at deadline, a recovery's
+        (a Deadline); the first's, which waits for the ps tasks to come up,
+        within startup_timeout."""
+        deadline = deadline or Deadline(self.startup_timeout,
+                                        '--startup_timeout')
         coord = tf.train.Coordinator()
         self.watch.store_in(coord)
         if self.session is None:

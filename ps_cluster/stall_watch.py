@@ -45,9 +45,22 @@ class StallWatch(threading.Thread):
         self._lock = threading.Lock()
         self._step, self._moved = None, time.monotonic()
         self._call, self._coord = None, None
-        # The step at which a new session was last tried for a stuck run.
-        self._stuck_at = None
+        # The step at which a new session was last tried for a stuck run;
+        # since when a ps is lost, until a new session is made or a step.
+        self._stuck_at = self._lost_at = None
         self._closed = threading.Event()
+
+    def lost(self, found=True):
+        """Since when (time.monotonic()) the ps that this worker waits for
+        is lost: --ps_timeout counts from the first that found it (this
+        watch, a run, a recovery) until a new session is made (`found`
+        False: the loss is over)."""
+        with self._lock:
+            if not found:
+                self._lost_at = None
+            elif self._lost_at is None:
+                self._lost_at = time.monotonic()
+            return self._lost_at
 
     def store_in(self, coord):
         """From now on, what the watch finds goes to coord, a new
@@ -60,6 +73,7 @@ class StallWatch(threading.Thread):
         with self._lock:
             if value != self._step:
                 self._step, self._moved = value, time.monotonic()
+                self._lost_at = None
 
     @contextlib.contextmanager
     def calling(self, what, session=None, deadline=None):
@@ -99,8 +113,8 @@ class StallWatch(threading.Thread):
                 if call[1] is not None and not lost:
                     self._within(call[1].close)
                 stuck = call, time.monotonic()
-            elif time.monotonic() - stuck[1] > (self.ps_secs if lost
-                                                else self.GRACE_SECS):
+            elif time.monotonic() > (self.lost() + self.ps_secs if lost
+                                     else stuck[1] + self.GRACE_SECS):
                 with self._lock:
                     still = self._call is call
                 if still:

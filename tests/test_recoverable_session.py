@@ -310,6 +310,25 @@ def test_a_run_stuck_while_every_task_answers_goes_on_in_a_new_session(
         'worker=0: resuming at global_step=0\n')
 
 
+def test_a_recovery_waits_for_a_loss_once_from_when_it_was_found(
+        ps, monkeypatch):
+    # The stall watch found the ps lost --ps_timeout (10 s) ago, and a run
+    # meets it now: the recovery has no wait left, and makes one attempt,
+    # which finds the ps still silent.
+    sess, _, _ = recoverable_session(ps.place.cluster, [])
+    sess.creator.watch._lost_at = time.monotonic() - 10
+    attempts, create = [], sess.creator.create_session
+    monkeypatch.setattr(sess.creator, 'create_session', lambda deadline: (
+        attempts.append(deadline) or create(deadline)))
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0])
+    with pytest.raises(TaskFailed, match=r'which did not come back within '
+                       r'10 s \(--ps_timeout\)$'):
+        sess._recover(tf.errors.UnavailableError(None, None, 'Socket closed'))
+    assert [deadline.flag for deadline in attempts] == ['--ps_timeout']
+    monkeypatch.undo()
+    sess.close()
+
+
 def test_an_attempt_that_fails_stops_its_watchdog(ps):
     # Worker 1's first attempt: its Watchdog beats, then the chief never
     # makes the model; the attempt fails, its Watchdog stopped and closed.

@@ -128,6 +128,23 @@ def test_a_lost_ps_stored_closes_nothing_and_ends_after_ps_secs(die):
     assert not session.closed.is_set()
 
 
+def test_a_loss_is_waited_for_from_when_it_was_first_found(die):
+    # Found by a recovery 60 s ago (--ps_timeout 60): a run that meets it
+    # now has none of the wait left, and the worker ends at once.
+    watch = started(die, ps_secs=60)
+    assert watch.lost() == watch.lost()  # one loss, one start
+    watch._lost_at -= 60
+    with watch.calling('a training run', Session(cancels=False)):
+        lost = tf.errors.UnavailableError(None, None, 'Socket closed')
+        watch.coord.request_stop((type(lost), lost, None))
+        assert die.first().endswith('within 60 s (--ps_timeout)')
+    # Over once a new session is made, or a step.
+    assert watch.lost(found=False) is None
+    first = watch.lost()
+    watch.step(7)
+    assert watch.lost() > first
+
+
 def test_no_step_for_secs_during_a_call_names_the_silent_workers(die):
     watch = started(die, secs=0.2)
     with watch.calling('the sync token queue'):
