@@ -41,7 +41,7 @@ class TaskEnd:
         self._ending = threading.Lock()
         # Set by the main thread only, and read, one attribute at a time, by
         # the one that ends the task.
-        self._tell, self._preempted = (lambda reason: None), None
+        self._tell, self._preempted = self._silent, None
 
     def ending(self):
         """Whether a thread has begun to end this task."""
@@ -50,8 +50,9 @@ class TaskEnd:
     def before_leaving(self, tell):
         """tell(reason) will be called when this task ends on purpose (an
         error of its own or Ctrl-C; not SIGTERM, which a scheduler sends to
-        a task it will start again), instead of the tell given before."""
-        self._tell = tell
+        a task it will start again), instead of the tell given before; None:
+        nothing is told."""
+        self._tell = tell or self._silent
 
     def on_preemption(self, save, secs):
         """SIGTERM, a scheduler's notice, will call save() first, for secs
@@ -130,6 +131,10 @@ class TaskEnd:
                     '(--preemption_grace)' % secs)
         except Exception as e:  # none expected: said, as it ends
             return 'preempted; cannot save: %s' % e
+
+    @staticmethod
+    def _silent(reason):
+        """Tells nobody."""
 
     def _say_last_words(self, reason):
         """Calls what before_leaving() set up, for LAST_WORDS_SECS at most:

@@ -221,9 +221,11 @@ class Watchdog(tf.train.LooperThread):
         but a lost ps's."""
         heard, last = None, None
         while True:
-            if errors.is_lost(errors.stored(self.coord)):
+            failure = errors.stored(self.coord)
+            if errors.is_lost(failure):
                 return
-            self.coord.raise_requested_exception()
+            if failure is not None:
+                raise failure
             with self.watch.calling('the wait for the other workers'):
                 beats, now = self._run(self.beats), time.monotonic()
             # A read that failed, of a ps that answers: again, a poll later.

@@ -13,8 +13,8 @@ from ps_cluster.liveness import Watchdog
 class RecoverableSession:
     """The session of `creator` (session_start.SessionCreator), created at
     open(), and again whenever a run meets a lost ps, attempt after attempt
-    until `secs` (--ps_timeout) have passed; only the main thread runs in
-    it."""
+    until `secs` (--ps_timeout) have passed since the loss was first found
+    (StallWatch.lost()); only the main thread runs in it."""
 
     def __init__(self, creator, secs):
         self.creator, self.secs = creator, secs
@@ -49,8 +49,9 @@ class RecoverableSession:
         self.creator.watch.lost(found=False)
 
     def _attempt(self, deadline=None):
-        """A new session, its waits within deadline (a recovery's); None,
-        or the error of a lost ps (another is raised)."""
+        """A new session, which asks whether the ps tasks are back within
+        deadline (a recovery's); None, or the error of a lost ps (another
+        is raised)."""
         try:
             self.session = self.creator.create_session(deadline)
         except tf.errors.OpError as e:

@@ -44,18 +44,17 @@ class SessionCreator(tf.train.SessionCreator):
     def create_session(self, deadline=None):
         """One attempt: a CoordinatedSession; or the error of a lost ps
         (errors.is_lost), a ps not answering or saying it was preempted
-        among them; or TaskFailed. Its waits end at deadline, a recovery's
-        (a Deadline); the first's, which waits for the ps tasks to come up,
-        within startup_timeout."""
-        deadline = deadline or Deadline(self.startup_timeout,
-                                        '--startup_timeout')
+        among them; or TaskFailed. A recovery's asks whether the ps tasks
+        are back within its `deadline` (a Deadline); once they are, as the
+        first once they are up, it starts within startup_timeout."""
+        start = Deadline(self.startup_timeout, '--startup_timeout')
         coord = tf.train.Coordinator()
         self.watch.store_in(coord)
         if self.session is None:
-            probes.wait_for_tasks(self.place.cluster, 'ps', deadline)
+            probes.wait_for_tasks(self.place.cluster, 'ps', start)
         else:
             with self.watch.calling("reading the ps tasks' farewells",
-                                    deadline=deadline):
+                                    deadline=deadline or start):
                 if probes.silent(self.place.cluster, 'ps') or (
                         liveness.preempted(self.place.cluster)):
                     raise tf.errors.UnavailableError(
@@ -64,7 +63,7 @@ class SessionCreator(tf.train.SessionCreator):
             self.session.abandon()
         made = []  # what this attempt closes, in order, if it fails
         try:
-            self.session = self._create(coord, deadline, made)
+            self.session = self._create(coord, start, made)
         except BaseException:
             stop(coord, made)
             # A session the stall watch closed raises what it stored.

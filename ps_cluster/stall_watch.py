@@ -28,7 +28,8 @@ class StallWatch(threading.Thread):
     worker (`end`), its last resort: TensorFlow waits for a ps that is
     gone with no timeout as it opens a session, and a frozen ps blocks even
     the closing. A lost ps's failure closes nothing, and ends the worker
-    only once `ps_secs` have passed."""
+    only once `ps_secs` have passed since the loss was first found
+    (lost())."""
 
     # How often it looks at the main thread's call; a probe it makes may
     # take ten polls (_within()).
