@@ -154,7 +154,7 @@ class Tf2Task:
                 lambda: word.preempted(FLAGS.preemption_grace),
                 FLAGS.preemption_grace)
         word = word.wait(self._coordinator(), FLAGS.startup_timeout,
-                         FLAGS.worker_timeout)
+                         FLAGS.worker_timeout, self._tasks('ps'))
         if word != coordinated.DONE:
             print('%s: the coordinator, %s (%s), left: "%s"' % (
                 self.name, *self._coordinator(), word), flush=True)

@@ -59,11 +59,13 @@ class Word:
     def _read(self):
         return self.sess.run(self.word).decode()
 
-    def wait(self, coordinator, startup_timeout, silent_timeout):
+    def wait(self, coordinator, startup_timeout, silent_timeout, ps=()):
         """Until the coordinator at `coordinator` (its name and address)
         sets the word, which is returned; TaskFailed if it does not come up
         within startup_timeout, or stops answering for silent_timeout (a
-        restarted coordinator answers again)."""
+        restarted coordinator answers again). While it does not answer, a
+        word it set on a ps task of `ps` ({name: address}), which it tells
+        first, is taken as this task's."""
         name, address = coordinator
         heard = None
         started = time.monotonic()
@@ -79,13 +81,21 @@ class Word:
             now = time.monotonic()
             if probes.answers(address, 1.0):
                 heard = now
-            elif heard is None and now - started > startup_timeout:
-                raise TaskFailed('the coordinator, %s (%s), did not come up '
-                                 'within %g s' % (name, address,
-                                                  startup_timeout))
-            elif heard is not None and now - heard > silent_timeout:
-                raise TaskFailed('the coordinator, %s (%s), has not answered '
-                                 'for %g s' % (name, address, silent_timeout))
+            else:
+                # Its word on a ps task, told first, if it left before it
+                # could tell this task.
+                told = [word for word in (read(*task) for task in ps.items())
+                        if word and not word.startswith(PREEMPTED)]
+                if told:
+                    return told[0]
+                if heard is None and now - started > startup_timeout:
+                    raise TaskFailed('the coordinator, %s (%s), did not come '
+                                     'up within %g s' % (name, address,
+                                                         startup_timeout))
+                if heard is not None and now - heard > silent_timeout:
+                    raise TaskFailed('the coordinator, %s (%s), has not '
+                                     'answered for %g s' % (name, address,
+                                                            silent_timeout))
             time.sleep(0.5)
 
 

@@ -1,0 +1,42 @@
+"""How the servers of a TensorFlow 2 cluster end (ps_cluster/coordinated.py),
+in-process: a worker waits for the coordinator's word, and takes the one it
+left on a ps task when it could not tell the worker before it went."""
+
+import os
+
+import pytest
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+import tensorflow.compat.v1 as tf  # noqa: E402
+
+from ps_cluster import coordinated  # noqa: E402
+from ps_cluster.exits import TaskFailed  # noqa: E402
+import small_model  # noqa: E402
+
+tf.disable_v2_behavior()
+
+PS, WORKER = '/job:ps/task:0', '/job:worker/task:0'
+
+
+@pytest.fixture
+def servers(shared_cluster, free_ports):
+    """(the worker's Word, the ps tasks, the coordinator: a name and an
+    address where nothing listens, as after it left)."""
+    cluster = shared_cluster()
+    word = coordinated.Word(small_model.server(cluster, 'worker', 0), WORKER)
+    ps = {PS: cluster.task_address('ps', 0)}
+    return word, ps, ('/job:chief/task:0', 'localhost:%d' % free_ports(1)[0])
+
+
+def test_a_word_left_on_the_ps_is_the_workers_once_the_coordinator_is_gone(
+        servers):
+    word, ps, coordinator = servers
+    coordinated.tell(ps, coordinated.DONE, 10)
+    assert word.wait(coordinator, 60, 60, ps) == coordinated.DONE
+
+
+def test_a_ps_that_was_preempted_says_nothing_for_the_coordinator(servers):
+    word, ps, coordinator = servers
+    coordinated.tell(ps, coordinated.PREEMPTED, 10)
+    with pytest.raises(TaskFailed, match='did not come up within 1 s$'):
+        word.wait(coordinator, 1, 60, ps)
