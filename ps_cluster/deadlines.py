@@ -13,7 +13,8 @@ class Deadline:
 
     def __init__(self, secs, flag, grace=0, since=None):
         self.secs, self.flag = secs, flag
-        self.at = (since or time.monotonic()) + secs + grace
+        start = time.monotonic() if since is None else since
+        self.at = start + secs + grace
 
     def left(self):
         return max(0, self.at - time.monotonic())

@@ -54,7 +54,7 @@ class StallWatch(threading.Thread):
     def lost(self, found=True):
         """Since when (time.monotonic()) the ps that this worker waits for
         is lost: --ps_timeout counts from the first that found it (this
-        watch, a run, a recovery) until a new session is made (`found`
+        watch, a run, a recovery) until a step, or a new session (`found`
         False: the loss is over)."""
         with self._lock:
             if not found:
