@@ -20,7 +20,7 @@ from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
-from ps_cluster.logdir import Logdir
+from ps_cluster.logdir import CHIEF_LEFT, Logdir
 from ps_cluster.ps_task import STARTUP_GRACE_SECS, PsTask
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.session_start import SessionCreator
@@ -356,7 +356,7 @@ class Task:
         long to try those not up yet), and the chief in its --logdir too,
         for an evaluator."""
         if self.logdir:
-            self.logdir.say_left(reason)
+            self.logdir.say(CHIEF_LEFT, reason)
         liveness.say_left(self.place.cluster, self.index, reason, secs)
 
     def serve(self, ps_server):
@@ -505,7 +505,9 @@ class Task:
         # Under srun every task has the same flags: one writer, the
         # evaluator.
         if FLAGS.export_dir and self.is_chief and not FLAGS.slurm_evaluator:
-            sess.wait_for_the_others()
+            # Until every other worker has ended or is gone: the model then
+            # holds the run's last step.
+            sess.session.watchdog.wait_for_the_others()
             variables = (tf.trainable_variables()
                          + [tf.train.get_global_step()])
             # With --split_w, w/part_0, w/part_1, ...: one w, as model()

@@ -16,7 +16,7 @@ import mnist_data
 from ps_cluster import coordinated, errors, exits, liveness, probes
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
-from ps_cluster.logdir import Logdir
+from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
 
 FLAGS = flags.FLAGS
 # The errors of a lost ps, as the coordinator meets them: a lost worker's
@@ -330,7 +330,7 @@ class Tf2Task:
         # Not in a hurry: a busy machine's servers answer late.
         self._tell_servers(coordinated.DONE, self.DONE_SECS)
         if self.markers and self.saved.last is not None:
-            self.markers.say_done(self.saved.last)
+            self.markers.say(CHIEF_DONE, str(self.saved.last))
         self.end.leave()
 
     def _coordinator(self):
@@ -344,7 +344,7 @@ class Tf2Task:
         # An evaluator waits for a coordinator that was preempted.
         if self.markers and word != coordinated.DONE and not word.startswith(
                 coordinated.PREEMPTED):
-            self.markers.say_left(word)
+            self.markers.say(CHIEF_LEFT, word)
         servers = {**self._tasks('ps'), **self._tasks('worker')}
         coordinated.tell(servers, word, secs)
 

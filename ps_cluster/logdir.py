@@ -94,27 +94,19 @@ class Logdir:
             if tf.io.gfile.exists(marker):
                 tf.io.gfile.remove(marker)
 
-    def say_left(self, reason):
-        """Writes why the chief leaves on purpose, where an evaluator looks,
-        if need be in a logdir not made yet (it failed before); a logdir
-        that cannot take it is one the evaluator cannot use either."""
-        self._say(CHIEF_LEFT, reason)
-
-    def say_done(self, step):
-        """Writes the step of the chief's last checkpoint as it ends its
-        run: the evaluator's last, however far the run got."""
-        self._say(CHIEF_DONE, str(step))
-
-    def _say(self, name, text):
-        """Writes text into the marker `name` whole, or not at all."""
-        try:
+    def say(self, name, text):
+        """Writes text into the marker `name` whole, or not at all, where an
+        evaluator looks: why the chief leaves on purpose (CHIEF_LEFT), if
+        need be in a logdir not made yet (it failed before); the step of
+        its last checkpoint as it ends its run (CHIEF_DONE), the
+        evaluator's last, however far the run got. A logdir that cannot
+        take it is one the evaluator cannot use either."""
+        with contextlib.suppress(OSError):
             os.makedirs(self.path, exist_ok=True)
             marker = os.path.join(self.path, name)
             with open(marker + '.new', 'w') as f:
                 f.write(text)
             os.replace(marker + '.new', marker)
-        except OSError:
-            pass
 
     def save(self, sv, sess, calling=contextlib.nullcontext):
         """The chief's checkpoint, and its global step, saved in the call

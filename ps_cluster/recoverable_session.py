@@ -60,10 +60,5 @@ class RecoverableSession:
             return e
         return None
 
-    def wait_for_the_others(self):
-        """Until every other worker has ended or is gone: the model then
-        holds the run's last step."""
-        self.session.watchdog.wait_for_the_others()
-
     def close(self):
         self.session.close()

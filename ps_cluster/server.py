@@ -4,6 +4,7 @@ its share of the host's CPUs."""
 
 import math
 import os
+import pathlib
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -102,8 +103,8 @@ def _cgroup_quota(root):
     """(quota, period) of this process's cgroup, v2 or v1, or (None, None).
     In a container, its own cgroup is the root of what it sees."""
     try:
-        with open('/proc/self/cgroup') as f:
-            entries = [line.rstrip('\n').split(':', 2) for line in f]
+        entries = [line.split(':', 2) for line in pathlib.Path(
+            '/proc/self/cgroup').read_text().splitlines()]
     except OSError:
         return None, None
     for _, controllers, path in entries:
@@ -117,13 +118,11 @@ def _cgroup_quota(root):
         # v2's file holds both numbers; v1 has one file for each.
         for folder in (mount + path, mount):
             try:
-                values = []
-                for name in names:
-                    with open(os.path.join(folder, name)) as f:
-                        values += f.read().split()
+                values = [pathlib.Path(folder, name).read_text().split()
+                          for name in names]
             except OSError:
                 continue
-            return tuple(values[:2])
+            return tuple(sum(values, [])[:2])
     return None, None
 
 

@@ -11,6 +11,7 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors, liveness, probes
 from ps_cluster.deadlines import Deadline, call_within, poll
 from ps_cluster.exits import TaskFailed
+from ps_cluster.logdir import CHIEF_DONE
 
 
 class SessionCreator(tf.train.SessionCreator):
@@ -223,7 +224,7 @@ class CoordinatedSession:
                 # in: that failure is the one to raise.
                 self.coord.raise_requested_exception()
             if step is not None:
-                self.logdir.say_done(step)
+                self.logdir.say(CHIEF_DONE, str(step))
         self.coord.request_stop()
         with self.watch.calling('closing the session'):
             self.session.close()

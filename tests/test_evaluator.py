@@ -17,7 +17,7 @@ import pytest
 import mnist_data
 from ps_cluster import evaluator
 from ps_cluster.exits import TaskFailed
-from ps_cluster.logdir import Logdir
+from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -233,7 +233,7 @@ def test_a_run_that_ended_short_ends_it_at_the_chiefs_last_step(
     with chief(logdir) as save:
         save(10, 0)
         save(20, 1)
-    Logdir(logdir, '/job:worker/task:0').say_done(20)
+    Logdir(logdir, '/job:worker/task:0').say(CHIEF_DONE, '20')
     started = time.time()
     follow(logdir, 30, timeout=60, on_last=lambda *args: last.append(args))
     assert time.time() - started < 30  # at a poll, not the timeout
@@ -249,7 +249,7 @@ def test_the_chiefs_last_step_waits_for_its_checkpoint(tmp_path, capsys):
     last = []
     with chief(logdir) as save:
         save(10, 0)
-        Logdir(logdir, '/job:worker/task:0').say_done(20)
+        Logdir(logdir, '/job:worker/task:0').say(CHIEF_DONE, '20')
         saving = threading.Timer(0.5, save, (20, 1))
         saving.start()
         follow(logdir, 30, timeout=60, on_last=lambda *args: last.append(args))
@@ -268,7 +268,7 @@ def test_it_waits_while_the_chief_answers(tmp_path, capsys):
         def end():
             save(30, 1)
             save(35, 1)
-            Logdir(logdir, '/job:worker/task:0').say_done(35)
+            Logdir(logdir, '/job:worker/task:0').say(CHIEF_DONE, '35')
         ending = threading.Timer(2, end)
         ending.start()
         follow(logdir, 30, timeout=0.5, chief_answers=lambda: True,
@@ -289,7 +289,7 @@ def test_the_chiefs_word_after_a_missed_answer_is_heeded(tmp_path,
         def busy_chief():
             if not last:
                 save(35, 1)
-                Logdir(logdir, '/job:worker/task:0').say_done(35)
+                Logdir(logdir, '/job:worker/task:0').say(CHIEF_DONE, '35')
                 last.append('saved')
             return False
         follow(logdir, 30, timeout=60, chief_answers=busy_chief,
@@ -302,7 +302,7 @@ def test_a_chief_that_left_ends_it(tmp_path, capsys):
     with chief(logdir) as save:
         save(10, 0)
     # After this process started: this run's chief.
-    Logdir(logdir, '/job:worker/task:0').say_left('interrupted')
+    Logdir(logdir, '/job:worker/task:0').say(CHIEF_LEFT, 'interrupted')
     started = time.time()
     with pytest.raises(TaskFailed) as failed:
         follow(logdir, 30, timeout=60)
@@ -317,7 +317,7 @@ def test_a_chief_that_left_ends_it(tmp_path, capsys):
 
 def test_a_chief_that_left_before_it_started_is_an_earlier_runs(tmp_path):
     logdir = str(tmp_path)
-    Logdir(logdir, '/job:worker/task:0').say_left('interrupted')
+    Logdir(logdir, '/job:worker/task:0').say(CHIEF_LEFT, 'interrupted')
     os.utime(tmp_path / 'chief_left', (1000, 1000))  # long before
     with pytest.raises(TaskFailed) as failed:
         follow(logdir, 30, timeout=0.5)

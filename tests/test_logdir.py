@@ -68,7 +68,7 @@ def test_check_refuses_a_file(tmp_path, name):
 def test_chief_left_is_the_reason_only_if_newer_than_since(tmp_path):
     logdir = Logdir(str(tmp_path), CHIEF)
     assert chief_left(str(tmp_path), 0) is None  # no marker
-    logdir.say_left('interrupted')
+    logdir.say(CHIEF_LEFT, 'interrupted')
     # A marker from before `since` is an earlier run's.
     os.utime(tmp_path / 'chief_left', (1000, 1000))
     assert chief_left(str(tmp_path), 999) == 'interrupted'
@@ -78,8 +78,8 @@ def test_chief_left_is_the_reason_only_if_newer_than_since(tmp_path):
 
 def test_forget_ended_removes_both_markers(tmp_path):
     logdir = Logdir(str(tmp_path), CHIEF)
-    logdir.say_left('interrupted')
-    logdir.say_done(90)
+    logdir.say(CHIEF_LEFT, 'interrupted')
+    logdir.say(CHIEF_DONE, '90')
     assert chief_done(str(tmp_path), 0) == 90
     logdir.forget_ended()
     assert os.listdir(tmp_path) == []
@@ -89,7 +89,7 @@ def test_forget_ended_removes_both_markers(tmp_path):
 
 
 def test_chief_done_is_its_last_step_only_if_newer_than_since(tmp_path):
-    Logdir(str(tmp_path), CHIEF).say_done(60)
+    Logdir(str(tmp_path), CHIEF).say(CHIEF_DONE, '60')
     os.utime(tmp_path / 'chief_done', (1000, 1000))
     assert chief_done(str(tmp_path), 1000) == 60
     assert chief_done(str(tmp_path), 1001) is None
@@ -97,14 +97,14 @@ def test_chief_done_is_its_last_step_only_if_newer_than_since(tmp_path):
 
 def test_say_left_makes_a_logdir_not_made_yet(tmp_path):
     path = tmp_path / 'not' / 'made'
-    Logdir(str(path), CHIEF).say_left('cannot place the model')
+    Logdir(str(path), CHIEF).say(CHIEF_LEFT, 'cannot place the model')
     assert chief_left(str(path), 0) == 'cannot place the model'
 
 
 def test_say_left_where_nothing_can_be_written_is_silent(tmp_path):
     (tmp_path / 'file').write_text('')
     path = str(tmp_path / 'file' / 'logdir')
-    Logdir(path, CHIEF).say_left('interrupted')
+    Logdir(path, CHIEF).say(CHIEF_LEFT, 'interrupted')
     assert chief_left(path, 0) is None
 
 
