@@ -170,9 +170,9 @@ if [[ $mode == compare || $mode == straggler ]]; then
   failed=0 child=''
   # Each run stops its own tasks, in the background, where the trap can
   # act at once, not after the run; it ignores SIGINT there, and takes
-  # SIGHUP for it.
+  # SIGUSR1 for it: under nohup it could not trap SIGHUP.
   trap 'echo "$0: interrupted, stopping every task" >&2
-        [[ -n $child ]] && kill -HUP "$child" && wait "$child"; exit 130' INT
+        [[ -n $child ]] && kill -USR1 "$child" && wait "$child"; exit 130' INT
   trap 'echo "$0: terminated, stopping every task" >&2
         [[ -n $child ]] && kill -TERM "$child" && wait "$child"; exit 143' TERM
   runs=(async sync)
@@ -221,7 +221,7 @@ stop_all() {  # SIGNAL, passed on to every task
   for pid in "${pids[@]}"; do pkill -KILL -P "$pid"; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 }
-trap 'echo "$0: interrupted, stopping every task" >&2; stop_all INT; exit 130' INT HUP
+trap 'echo "$0: interrupted, stopping every task" >&2; stop_all INT; exit 130' INT HUP USR1
 trap 'echo "$0: terminated, stopping every task as a scheduler preempts them" >&2
       stop_all TERM; exit 143' TERM
 
