@@ -263,10 +263,11 @@ def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path):
 
 
 def test_example_on_one_node(slurm, small_data, tmp_path):
-    # Four tasks on one node: ports 2222 to 2225 there.
+    # Four tasks on one node: ports 2222 to 2225 there. node9, even while it
+    # still ends the last job (sbatch --wait returns before it has).
     status, output = slurm.submit(
         example('slurm-async.sbatch', small_data, tmp_path),
-        '--nodes=1', '--ntasks-per-node=4')
+        '--nodelist=node9', '--nodes=1', '--ntasks-per-node=4')
     assert status == 0, output
     tasks = assert_placed_where_they_run(output, 1, 3)
     assert sorted(address for *_, address, _, _ in tasks.values()) == [
