@@ -263,8 +263,7 @@ def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path):
 
 
 def test_example_on_one_node(slurm, small_data, tmp_path):
-    # Four tasks on one node: ports 2222 to 2225 there. node9, even while it
-    # still ends the last job (sbatch --wait returns before it has).
+    # Four tasks on one node, node9: ports 2222 to 2225 there.
     status, output = slurm.submit(
         example('slurm-async.sbatch', small_data, tmp_path),
         '--nodelist=node9', '--nodes=1', '--ntasks-per-node=4')
@@ -343,7 +342,8 @@ def test_placement_it_cannot_map_ends_every_task(slurm, small_data, tmp_path):
     batch = example('slurm-async.sbatch', small_data, tmp_path).replace(
         '\nsrun ', '\nSLURM_HOSTFILE=%s srun --distribution=arbitrary '
         % hostfile)
-    # The nodes the hostfile names, even while one still ends the last job.
+    # The job holds the nodes the hostfile names, as srun's arbitrary
+    # distribution needs.
     status, output = slurm.submit(batch, '--nodelist=node9,node10',
                                   '--ntasks=2', '--ntasks-per-node=1')
     # Slurm's own record of the job beside its output, should the job's
