@@ -34,11 +34,10 @@ class Word:
         self.name = name
         with tf.Graph().as_default():
             self.word = _word(name)
+            # Never initialized here: the coordinator may set it at any
+            # moment of this start, and an initializer would write over it.
             self.sess = tf.Session(server.target, config=tf.ConfigProto(
                 device_filters=[name]))
-            # The coordinator may have set it already: it fails at start.
-            if not self.sess.run(tf.is_variable_initialized(self.word)):
-                self.sess.run(self.word.initializer)
             self.value = tf.placeholder(tf.string, [])
             self.say = self.word.assign(self.value)
         self.preempting = False
@@ -57,7 +56,10 @@ class Word:
             'lost' % secs))
 
     def _read(self):
-        return self.sess.run(self.word).decode()
+        try:
+            return self.sess.run(self.word).decode()
+        except tf.errors.FailedPreconditionError:  # not set yet
+            return ''
 
     def wait(self, coordinator, startup_timeout, silent_timeout, ps=()):
         """Until the coordinator at `coordinator` (its name and address)

@@ -40,3 +40,18 @@ def test_a_ps_that_was_preempted_says_nothing_for_the_coordinator(servers):
     coordinated.tell(ps, coordinated.PREEMPTED, 10)
     with pytest.raises(TaskFailed, match='did not come up within 1 s$'):
         word.wait(coordinator, 1, 60, ps)
+
+
+def test_a_server_sets_no_word_of_its_own_as_it_starts(shared_cluster,
+                                                       free_ports):
+    # The coordinator may tell a server at any moment of its start: a word
+    # the start set would write over the coordinator's.
+    cluster = shared_cluster()
+    server = small_model.server(cluster, 'worker', 0)
+    address = cluster.task_address('worker', 0)
+    coordinated.Word(server, WORKER)
+    assert coordinated.read(WORKER, address) is None
+    coordinated.tell({WORKER: address}, coordinated.DONE, 10)
+    nowhere = ('/job:chief/task:0', 'localhost:%d' % free_ports(1)[0])
+    assert coordinated.Word(server, WORKER).wait(
+        nowhere, 60, 60) == coordinated.DONE
