@@ -168,9 +168,9 @@ def start_task(sync, coordinator=False):
     """This task (a Task; `sync`: of mnist_dist_sync.py; `coordinator`:
     worker 0 coordinates and trains nothing, TF2's), set to end in one
     line: Ctrl-C and SIGTERM at once, inside sess.run too, the cluster told
-    why after Ctrl-C; a failure of ours (TaskFailed) and a port in use, as
-    the main thread raises them, and a thread's that no coordinator
-    stores."""
+    why after Ctrl-C; a failure of ours (TaskFailed), a port in use, and
+    any other error as the main thread raises it, and a thread's that no
+    coordinator stores."""
     end = exits.TaskEnd(lambda: '/job:%s/task:%d' % (FLAGS.job_name,
                                                     FLAGS.task_index))
     end.on_signals()
@@ -185,7 +185,8 @@ def start_task(sync, coordinator=False):
                 task.address.rpartition(':')[2], task.address))
         if issubclass(kind, tf.errors.OpError):
             task.end.fail(errors.what_went_wrong(error))
-        sys.__excepthook__(kind, error, traceback)
+        # Any other, a line too: TensorFlow raises more than its own.
+        task.end.fail('%s: %s' % (kind.__name__, error))
     sys.excepthook = one_line
 
     def thread_failed(args):
@@ -203,6 +204,17 @@ def start_task(sync, coordinator=False):
             task.end.fail('%s failed: %s' % (args.thread.name,
                                              args.exc_value))
     threading.excepthook = thread_failed
+
+    def collected(args):
+        # TensorFlow's objects raise a lost task's error again as they are
+        # collected (TF2's eager executor waits for its ops as it goes):
+        # the task's own line says what went wrong, once. Another is one
+        # line: it ends nothing.
+        if not isinstance(args.exc_value, tf.errors.OpError):
+            print('%s: ignored in %s: %s' % (
+                task.name, getattr(args.object, '__qualname__', args.object),
+                args.exc_value), file=sys.stderr, flush=True)
+    sys.unraisablehook = collected
     # TensorFlow parses its error messages in linear time.
     errors.parse_errors_in_linear_time()
     if task.job_name == 'worker':

@@ -307,7 +307,7 @@ class Tf2Task:
     def log(self, start):
         """What the coordinator prints beyond the epoch lines, and writes in
         --logdir for TensorBoard."""
-        return Log(self.task_index, start, FLAGS.logdir)
+        return Log(self.task_index, start, FLAGS.logdir, self.name)
 
     def export(self, module, step, accuracy):
         """With --export_dir, writes `module` as a SavedModel in a folder
@@ -412,6 +412,9 @@ class Checkpoints:
     def __init__(self, logdir, variables, name):
         self.source = 'new variables'
         self.manager = self.last = None
+        # One save at a time, of the shared copies: the epoch's, and a
+        # preemption's from another thread.
+        self._saving = threading.Lock()
         self.logdir, self.variables = logdir, variables
         # A write that fails, in one line: Logdir.failed.
         self.failed = Logdir(logdir, name).failed
@@ -449,29 +452,41 @@ class Checkpoints:
         cannot be read raises."""
         if not self.manager:
             return None
-        step = self._copy()
-        try:
-            self.manager.save(checkpoint_number=step)
-        except (tf.errors.OpError, OSError) as e:
-            self.failed('save a checkpoint', e)
-            return None
-        self.last = step
+        with self._saving:
+            step = self._copy()
+            try:
+                self._write(step)
+            except (tf.errors.OpError, OSError) as e:
+                self.failed('save a checkpoint', e)
+                return None
         return step
 
     def save_now(self):
-        """A checkpoint of the variables as they stand, for a preemption;
-        says what it saved."""
+        """A checkpoint of the variables as they stand, for a preemption,
+        once the save before it has ended (from the signals' thread, or as
+        a ps is preempted); says what it saved."""
         if not self.manager:
             return 'has no --logdir to save the model in'
+        if not self._saving.acquire(timeout=Logdir.LOCK_SECS):
+            return ('cannot save the model in --logdir=%s: the save before '
+                    'has not ended within %g s; its steps since then are '
+                    'lost' % (self.logdir, Logdir.LOCK_SECS))
         try:
             step = self._copy()
-            self.manager.save(checkpoint_number=step)
+            self._write(step)
         except (tf.errors.OpError, OSError) as e:
             return ('cannot save the model in --logdir=%s (%s): its steps '
                     'since the last checkpoint are lost' % (
                         self.logdir, errors.what_went_wrong(e)))
-        self.last = step
+        finally:
+            self._saving.release()
         return 'saved the model at global_step=%d' % step
+
+    def _write(self, step):
+        """The copies' checkpoint, unless that step's is saved already."""
+        if step != self.last:
+            self.manager.save(checkpoint_number=step)
+            self.last = step
 
     def _copy(self):
         """The variables read once each into the copies: the global step
@@ -483,24 +498,33 @@ class Checkpoints:
 
 class Log:
     """The coordinator's lines of how long and fast it trained, and its
-    summaries of loss and accuracy in logdir, for TensorBoard."""
+    summaries of loss and accuracy in logdir, for TensorBoard: a write
+    there that fails (a full disk) is one line, and ends the summaries, not
+    the run, as the TF1 scripts' do. `name` is the coordinator's, in its
+    lines."""
 
-    def __init__(self, task_index, start, logdir):
+    def __init__(self, task_index, start, logdir, name):
         self.index, self.start = task_index, start
         self.started = time.monotonic()
-        self.writer = logdir and tf.summary.create_file_writer(logdir)
+        self.failed = Logdir(logdir, name).failed
+        self.writer = logdir and self._write(
+            lambda: tf.summary.create_file_writer(logdir))
 
     def epoch(self, step, **values):
-        if self.writer:
-            # The TF1 scripts' simple values, which TensorBoard reads
-            # without its own package in this process.
-            summary = tf.compat.v1.Summary(value=[
-                tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
-                for tag, value in values.items()])
+        # The TF1 scripts' simple values, which TensorBoard reads without
+        # its own package in this process.
+        summary = tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag=tag, simple_value=value)
+            for tag, value in values.items()])
+
+        def write():
             with self.writer.as_default():
                 tf.summary.experimental.write_raw_pb(
                     summary.SerializeToString(), step=step)
+            # A full disk fails here, once a write needs a new block.
             self.writer.flush()
+        if self.writer:
+            self._write(write)
 
     def final(self, step, accuracy):
         seconds = time.monotonic() - self.started
@@ -510,4 +534,14 @@ class Log:
               flush=True)
         self.epoch(step, test_accuracy=accuracy)
         if self.writer:
-            self.writer.close()
+            self._write(self.writer.close)
+
+    def _write(self, write):
+        """write()'s value, or None once it failed: said in one line, and
+        the summaries end."""
+        try:
+            return write()
+        except (tf.errors.OpError, OSError) as e:
+            self.failed('write summaries', e)
+            self.writer = None
+            return None

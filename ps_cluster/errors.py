@@ -51,16 +51,27 @@ def is_lost(error):
 def what_went_wrong(error):
     """The line of an error that says what went wrong: its first, or, in
     TensorFlow 2's 'Graph execution error', the one after the failed op's
-    last 'Node:' line and the task it ran on."""
+    last 'Node:' line and the task it ran on; never the stack of where the
+    op was defined, nor the function and op that TensorFlow 2 names
+    around the cause."""
     lines = [line for line in getattr(error, 'message', str(error))
-             .splitlines() if line not in ('', 'Graph execution error:')]
+             .splitlines() if line not in ('', 'Graph execution error:')
+             and not line.startswith((' ', '\t'))
+             and not DEFINED_AT.fullmatch(line)]
     nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
     after = lines[nodes[-1] + 1:] if nodes else []
     # Several errors at once come between rules, each after its status and
     # task.
     after = [line for line in after if not re.fullmatch(
         r'(\w+: )?From /job:\S+:|=+', line)]
-    return (after or lines or [''])[0]
+    return BOILERPLATE.sub('', (after or lines or [''])[0])
+
+
+# Where TensorFlow 2 says a failed op was defined, a stack of indented lines
+# after it; the wrapped function it ran in, and the op, around a cause.
+DEFINED_AT = re.compile(r"Detected at node '?\S+?'? defined at \(most recent "
+                        r"call last\):")
+BOILERPLATE = re.compile(r'^\{\{function_node [^}]*\}\} | \[Op:\w+\]$')
 
 
 def lost_connection(place, error, missing=()):

@@ -11,6 +11,7 @@ neither saves, initializes nor waits for them.
 """
 
 import contextlib
+import threading
 import time
 
 import numpy as np
@@ -20,10 +21,11 @@ from ps_cluster import errors, probes
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
-# The marks of a worker's beats that end it: done, or left on purpose. LEFT
-# lies far below: a beat already on its way when a failing worker marks its
-# slot adds one to the mark, which must still read LEFT.
-DONE, LEFT = -1, -2**40
+# The marks of a worker's beats that end it: done, or left on purpose. Each
+# lies far below zero, LEFT below DONE: a beat already on its way when a
+# worker marks its slot adds one to the mark, which must still read the
+# same.
+DONE, LEFT = -2**20, -2**40
 # A worker whose counter has not moved for this long is gone: ten missed
 # beats, so that a busy machine is not taken for a dead worker.
 GONE_SECS = 5
@@ -62,6 +64,23 @@ def counters(num_workers, ps_tasks):
     return beats, departures, farewells, reasons
 
 
+class _Left:
+    """The slots this process marked LEFT, (ps addresses, worker index),
+    behind a lock that a Watchdog's first beat takes too: a worker given
+    SIGTERM as its first beat is on its way must read LEFT after both."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.slots = set()
+
+
+_LEFT = _Left()
+
+
+def _slot(cluster, task_index):
+    return tuple(cluster.job_tasks('ps')), task_index
+
+
 def say_left(cluster, task_index, reason, secs=0):
     """Marks worker task_index LEFT, with its reason, on each ps task that
     answers, trying again for secs those not up yet, in sessions of its
@@ -81,7 +100,31 @@ def say_left(cluster, task_index, reason, secs=0):
                     _run_on_ps(cluster, k, mark) is not None):
                 untold.remove(k)
         return not untold
-    poll(tell_those_up, secs, 0.2)
+    with _LEFT.lock:
+        _LEFT.slots.add(_slot(cluster, task_index))
+        poll(tell_those_up, secs, 0.2)
+
+
+@contextlib.contextmanager
+def beating(cluster, task_index):
+    """Worker task_index beats on each ps task that answers, from a thread
+    of its own, while the block runs: a recovery's, whose lost ps stopped
+    the Watchdog's beats, and the ps tasks that stayed would count this
+    worker gone. Each beat in sessions of its own; a frozen ps is passed
+    over."""
+    def beat_op(beats, *_):
+        return tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64))
+
+    def beat():
+        for k, address in enumerate(cluster.job_tasks('ps')):
+            if probes.answers(address, Watchdog.POLL_SECS):
+                _run_on_ps(cluster, k, beat_op)
+    coord = tf.train.Coordinator()
+    tf.train.LooperThread(coord, Watchdog.POLL_SECS, beat).start()
+    try:
+        yield
+    finally:
+        coord.request_stop()
 
 
 def say_saved(cluster, word):
@@ -194,7 +237,10 @@ class Watchdog(tf.train.LooperThread):
             try:
                 with self.watch.calling('the first beat',
                                         deadline=deadline):
-                    self.session.run(self.come_op)
+                    with _LEFT.lock:
+                        if _slot(place.cluster,
+                                 place.index) not in _LEFT.slots:
+                            self.session.run(self.come_op)
                     return [self.session.run(self.departures)]
             except tf.errors.FailedPreconditionError:
                 return None

@@ -70,6 +70,7 @@ class Logdir:
         self.save_checkpoint_secs = save_checkpoint_secs
         # The checkpoint loop's saves, and the chief's last.
         self._saving = threading.Lock()
+        self._graph_written = False
 
     def check(self):
         """It must be a directory, or be creatable, and take a file; else
@@ -107,6 +108,23 @@ class Logdir:
             with open(marker + '.new', 'w') as f:
                 f.write(text)
             os.replace(marker + '.new', marker)
+
+    def write_graph(self, sv):
+        """The Supervisor's graph, as it writes it for TensorBoard and for a
+        reader of where each variable lies, once: graph.pbtxt, and in the
+        summaries, whose writer says itself if it fails. A graph.pbtxt
+        that cannot be written is one line."""
+        if self._graph_written:
+            return
+        self._graph_written = True
+        graph = sv.global_step.graph
+        try:
+            tf.io.write_graph(graph.as_graph_def(add_shapes=True), self.path,
+                              'graph.pbtxt')
+        except (tf.errors.OpError, OSError) as e:
+            self.failed('write the graph', e)
+        if sv.summary_writer:
+            sv.summary_writer.add_graph(graph)
 
     def save(self, sv, sess, calling=contextlib.nullcontext):
         """The chief's checkpoint, and its global step, saved in the call

@@ -4,7 +4,7 @@ its creator makes once the ps answers again."""
 
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import errors
+from ps_cluster import errors, liveness
 from ps_cluster.deadlines import Deadline, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.liveness import Watchdog
@@ -12,9 +12,9 @@ from ps_cluster.liveness import Watchdog
 
 class RecoverableSession:
     """The session of `creator` (session_start.SessionCreator), created at
-    open(), and again whenever a run meets a lost ps, attempt after attempt
-    until `secs` (--ps_timeout) have passed since the loss was first found
-    (StallWatch.lost()); only the main thread runs in it."""
+    open(), and again whenever a run or the close meets a lost ps, attempt
+    after attempt until `secs` (--ps_timeout) have passed since the loss
+    was first found (StallWatch.lost()); only the main thread runs in it."""
 
     def __init__(self, creator, secs):
         self.creator, self.secs = creator, secs
@@ -41,11 +41,18 @@ class RecoverableSession:
         deadline = Deadline(self.secs, '--ps_timeout',
                             since=self.creator.watch.lost())
         self.creator.recovering(error, deadline)
-        # An attempt each of the Watchdog's polls.
-        if not poll(lambda: not self._attempt(deadline), deadline.left(),
-                    Watchdog.POLL_SECS):
-            raise TaskFailed('%s, which did not come back %s'
-                             % (self.creator.lost(error), deadline))
+        # An attempt each of the Watchdog's polls; meanwhile this worker
+        # beats on the ps tasks that stayed.
+        place = self.creator.place
+        with liveness.beating(place.cluster, place.index):
+            if not poll(lambda: not self._attempt(deadline),
+                        deadline.left(), Watchdog.POLL_SECS):
+                raise TaskFailed((
+                    '%s; no new session carried the run on %s'
+                    % (error.message, deadline))
+                    if isinstance(error, errors.Stuck) else
+                    '%s, which did not come back %s'
+                    % (self.creator.lost(error), deadline))
         self.creator.watch.lost(found=False)
 
     def _attempt(self, deadline=None):
@@ -61,4 +68,12 @@ class RecoverableSession:
         return None
 
     def close(self):
-        self.session.close()
+        """The session's close(): the chief's last checkpoint, this worker
+        marked done; after a ps lost meanwhile, in a new session."""
+        while True:
+            try:
+                return self.session.close()
+            except tf.errors.OpError as e:
+                if not errors.is_lost(e):
+                    raise
+                self._recover(e)

@@ -80,8 +80,8 @@ class SessionCreator(tf.train.SessionCreator):
         try:
             session = open_session(sv, self.server.target, self.config,
                                    self.place.cluster, self.watch, coord,
-                                   deadline, self.logdir and self.logdir.path,
-                                   reopened, watchdog and watchdog.chief_left)
+                                   deadline, self.logdir, reopened,
+                                   watchdog and watchdog.chief_left)
         except tf.errors.InvalidArgumentError as e:
             raise errors.misplaced(self.place, e)
         made.insert(0, session.close)
@@ -132,28 +132,23 @@ class SessionCreator(tf.train.SessionCreator):
         step stands still over a beat). Each ps that says it was preempted
         is told what became of it; returns that."""
         deadline = Deadline(self.preemption_grace, '--preemption_grace')
-        word, sess, steps = 'has no --logdir to save the model in', None, []
-
-        def held():
-            steps.append(sess.run(self.sv.global_step,
-                                  options=liveness.Watchdog.RUN_OPTIONS))
-            return steps[-2:] == steps[-1:] * 2
+        word, sess = 'has no --logdir to save the model in', None
         if self.logdir:
             sess = tf.Session(self.server.target,
                               graph=self.sv.global_step.graph,
                               config=self.config)
             try:
-                if hold:
-                    poll(held, deadline.left() / 2,
-                         liveness.Watchdog.POLL_SECS + 0.1)
-                # What is left but the time to close and tell.
+                # What is left but the time to close and tell: a new
+                # session's first run waits for good for a ps gone.
                 word = 'saved the model at global_step=%d' % call_within(
                     max(0, deadline.left() - 2 * self.TELL_SECS),
-                    self.logdir.save, self.sv, sess)
+                    self._save, sess, hold and deadline.left() / 2)
             except (tf.errors.OpError, ValueError, TimeoutError) as e:
                 word = ('cannot save the model in --logdir=%s (%s): its '
                         'updates since the last checkpoint are lost' % (
-                            self.logdir.path, errors.what_went_wrong(e)))
+                            self.logdir.path, 'no answer %s' % deadline
+                            if isinstance(e, TimeoutError)
+                            else errors.what_went_wrong(e)))
         # Each within TELL_SECS of what is left of the grace: a ps that
         # leaves once told can hold up the close of the session that told
         # it.
@@ -163,6 +158,19 @@ class SessionCreator(tf.train.SessionCreator):
                 with contextlib.suppress(TimeoutError, tf.errors.OpError):
                     call_within(min(self.TELL_SECS, deadline.left()), call)
         return word
+
+    def _save(self, sess, hold_secs):
+        """The model saved in sess, once the workers hold their updates, up
+        to hold_secs (none: at once); its global step."""
+        steps = []
+
+        def held():
+            steps.append(sess.run(self.sv.global_step,
+                                  options=liveness.Watchdog.RUN_OPTIONS))
+            return steps[-2:] == steps[-1:] * 2
+        if hold_secs:
+            poll(held, hold_secs, liveness.Watchdog.POLL_SECS + 0.1)
+        return self.logdir.save(self.sv, sess)
 
     def _watchdog(self, coord, deadline, made):
         watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
@@ -187,6 +195,8 @@ class CoordinatedSession:
         self.session, self.coord, self.sv = session, coord, sv
         self.watch, self.watchdog = watch, watchdog
         self.hooks, self.logdir = hooks, logdir
+        # What abandon() has yet to stop and close.
+        self.closes = [session.close, watchdog.join, watchdog.session.close]
 
     def run(self, fetches, feed_dict=None):
         self.coord.raise_requested_exception()
@@ -240,10 +250,11 @@ class CoordinatedSession:
         self.watchdog.session.close()
 
     def abandon(self):
-        """After a lost ps: its threads stopped and its sessions closed;
-        what its threads met, the lost ps, is not raised."""
-        stop(self.coord, [self.session.close, self.watchdog.join,
-                          self.watchdog.session.close])
+        """After a lost ps: its threads stopped and its sessions closed,
+        once, however many attempts a recovery makes; what its threads
+        met, the lost ps, is not raised."""
+        closes, self.closes = self.closes, []
+        stop(self.coord, closes)
 
 
 def stop(coord, closes):
@@ -259,10 +270,10 @@ def stop(coord, closes):
 def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
                  reopened=False, chief_left=None):
     """The Supervisor's session, or TaskFailed saying why not, within the
-    deadline. The chief joins the model if the ps tasks hold it (a ps
-    that never left, while the chief was away): newer than any checkpoint,
-    and what Supervisor would otherwise initialize again under the workers.
-    The others wait for the model, and raise a failure a thread stores in
+    deadline; the chief's `logdir` is a Logdir. The chief joins the model
+    if the ps tasks hold it (a ps that never left, while the chief was
+    away): newer than any checkpoint, and what Supervisor would otherwise
+    initialize again under the workers. The others wait for the model, and raise a failure a thread stores in
     coord meanwhile, or the chief's reason once chief_left() says it
     left."""
     if not sv.is_chief:
@@ -278,11 +289,15 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
         print('worker=0: joined the live model on the ps at global_step=%d'
               % step, flush=True)
         return sess
-    checkpoint = logdir and tf.train.latest_checkpoint(logdir)
+    checkpoint = logdir and tf.train.latest_checkpoint(logdir.path)
     try:
+        # sv.prepare_or_wait_for_session() but for its graph's write, which
+        # a full --logdir would fail, the session lost.
         with watch.calling('opening a session', deadline=deadline):
-            sess = sv.prepare_or_wait_for_session(
-                target, config=config, start_standard_services=False)
+            sess = sv.session_manager.prepare_session(
+                target, init_op=sv.init_op, saver=sv.saver,
+                checkpoint_dir=logdir and logdir.path, config=config,
+                init_feed_dict=sv.init_feed_dict)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError,
             tf.errors.NotFoundError) as e:
         if not checkpoint:
@@ -290,6 +305,12 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
         raise TaskFailed('cannot restore the checkpoint %s (%s): move it '
                          'away, or choose another --logdir'
                          % (checkpoint, errors.what_went_wrong(e)))
+    except RuntimeError as e:
+        # A ps that restarted as the chief initialized it lost the model.
+        raise tf.errors.AbortedError(None, None, 'the model is not ready '
+                                     'once initialized: %s' % e)
+    if logdir:
+        logdir.write_graph(sv)
     if checkpoint:
         # The model and the global step carry over to a cluster of any
         # shape; what is per worker or per ps (sync's local steps and token

@@ -21,7 +21,8 @@ class StallWatch(threading.Thread):
     which names the ps tasks that do not answer, else the workers whose
     beats stand still (`place`, this worker's; in an `elastic` run, of
     those that came); but the first such run while every task answers is
-    errors.Stuck, after which a new session is tried. A failure stored:
+    errors.Stuck, after which a new session is tried, and so is a call that
+    has lasted `secs` while the others' steps go on. A failure stored:
     the watch closes the session the main thread runs in, which cancels
     the run, and the main thread raises it; if the main thread is still
     inside the same call GRACE_SECS after the close, the watch ends the
@@ -70,11 +71,12 @@ class StallWatch(threading.Thread):
             self._coord = coord
 
     def step(self, value):
-        """The global step as the Watchdog just read it."""
+        """The global step as the Watchdog just read it: a step once it
+        differs from the one read before."""
         with self._lock:
-            if value != self._step:
-                self._step, self._moved = value, time.monotonic()
-                self._lost_at = None
+            if value != self._step and self._step is not None:
+                self._moved, self._lost_at = time.monotonic(), None
+            self._step = value
 
     @contextlib.contextmanager
     def calling(self, what, session=None, deadline=None):
@@ -126,7 +128,14 @@ class StallWatch(threading.Thread):
         the call: a TaskFailed that names why, or errors.Stuck; else
         None."""
         what, _, deadline, entered = call
-        idle = time.monotonic() - max(moved, entered)
+        now = time.monotonic()
+        idle = now - max(moved, entered)
+        if not deadline and moved > entered and now - entered > self.secs:
+            # The others' steps go on (async): this worker's run alone is
+            # stuck.
+            return self._stuck(coord, 'no step of its own for %g s '
+                               '(--stall_timeout), waiting in %s, while the '
+                               'global step goes on' % (self.secs, what))
         if deadline and deadline.left() or not deadline and idle <= min(
                 self.secs, self.ps_secs):
             return None
@@ -154,12 +163,10 @@ class StallWatch(threading.Thread):
                     if stuck:
                         self._stuck_at = self._step
                 if stuck:
-                    stuck = errors.Stuck(
-                        None, None, 'no new global step for %g s '
+                    return self._stuck(
+                        coord, 'no new global step for %g s '
                         '(--stall_timeout), waiting in %s, while every task '
                         'answers' % (secs, what))
-                    coord.request_stop((errors.Stuck, stuck, None))
-                    return stuck
         elif silent:
             secs, flag = self.ps_secs, '--ps_timeout'
         else:
@@ -167,6 +174,13 @@ class StallWatch(threading.Thread):
         return errors.fail(
             coord, 'training stalled: no new global step for %g s (%s), '
             'waiting in %s; %s' % (secs, flag, what, why))
+
+    @staticmethod
+    def _stuck(coord, message):
+        """errors.Stuck(message), stored: a new session is tried."""
+        stuck = errors.Stuck(None, None, message)
+        coord.request_stop((errors.Stuck, stuck, None))
+        return stuck
 
     def _line(self, failure):
         """What the worker ends with: a lost ps's, once the wait for it is

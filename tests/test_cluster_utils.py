@@ -13,7 +13,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
-                      assert_one_error_line)
+                      assert_one_error_line, own_lines)
 
 from script_flags import usage_error
 import cluster_utils
@@ -204,3 +204,27 @@ def test_a_stragglers_gradients_start_after_its_read_of_the_step():
             before.add(name)
             todo.extend(inputs[name])
     assert len(updates) == 1 and step_read.op.name in before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('end, status, line', [
+    # A thread that fails, which no session's coordinator stores: the task
+    # cannot go on without it.
+    ('thread', 1, '/job:ps/task:0: error: a thread failed: division by '
+                  'zero'),
+    # An error of another kind than ours or TensorFlow's, as TensorFlow's
+    # SessionManager raises one.
+    ('raise', 1, '/job:ps/task:0: error: RuntimeError: Init operations did '
+                 'not make model ready'),
+    # TensorFlow's own objects, collected after a lost task, raise its
+    # error again: the task's own line says it; anything else, in a line.
+    ('collected', 0, '/job:ps/task:0: ignored in Raises.__del__: not ours '
+                     'to end on'),
+])
+def test_what_no_thread_or_object_can_raise_ends_in_one_line(
+        procs, free_ports, end, status, line):
+    task = procs.forked('tests/task_ends.py', [
+        '--job_name=ps', '--ps=localhost:%d' % free_ports(1)[0], end], end)
+    procs.wait_all([task], START_UP)
+    assert_clean_exit(procs, task, status)
+    assert own_lines(procs.stderr(task)) == [line]

@@ -36,6 +36,19 @@ from ps_cluster.sources import Place
      "DATA_LOSS: From /job:ps/replica:0/task:0:\nnot an sstable (bad magic "
      "number)\n\t [[{{node save/RestoreV2}}]]\n=====================",
      'not an sstable (bad magic number)'),
+    # TensorFlow 2.21's, of a step of mnist_dist_tf2.py's coordinator as it
+    # lost a ps: the stack of where the op was defined comes first.
+    ("Graph execution error:\n\nDetected at node while/body/_1/while/mul_1/"
+     "_22 defined at (most recent call last):\n  File \"/x/mnist_dist_tf2.py"
+     "\", line 224, in <module>\n\n  File \"/x/mnist_dist_tf2.py\", line "
+     "155, in train_steps\n\nrecvmsg:Connection reset by peer\n\t [[{{node "
+     "while/body/_1/while/mul_1/_22}}]] [Op:__inference_train_steps_512]",
+     'recvmsg:Connection reset by peer'),
+    # An eager op's, as the TF2 coordinator's save met a full disk.
+    ('{{function_node __wrapped__SaveV2_dtypes_5_device_/job:chief/replica:0'
+     '/task:0/device:CPU:0}} /x/tf2/ckpt-4950_temp/part-00000-of-00001; No '
+     'space left on device [Op:SaveV2]',
+     '/x/tf2/ckpt-4950_temp/part-00000-of-00001; No space left on device'),
 ])
 def test_what_went_wrong(message, line):
     assert errors.what_went_wrong(RuntimeError(message)) == line

@@ -247,6 +247,43 @@ def test_a_worker_that_left_during_training_is_named_once(shared_cluster,
         'without it\n' % cluster.task_address('worker', 1))
 
 
+def test_a_beat_that_lands_after_a_worker_is_done_leaves_it_done(
+        shared_cluster):
+    cluster = shared_cluster(1, 2)
+    start_ps(cluster, 0)
+    done(cluster, 1)
+    beat(cluster, 1)  # on its way as the worker marked its slot
+    [beats] = [on_ps(cluster, 0, lambda beats, *_: beats)]
+    assert beats[1] < 0 and not liveness.has_left(beats[1])
+
+
+def test_a_worker_told_to_leave_as_it_first_beats_stays_left(shared_cluster):
+    # SIGTERM (a scale-down) said LEFT from the signals' thread as the main
+    # thread's first beat was on its way: the first beat does not count the
+    # worker anew.
+    cluster = shared_cluster(1, 2)
+    start_ps(cluster, 0)
+    liveness.say_left(cluster, 1, 'left on SIGTERM (a scale-down)')
+    with watchdog(cluster, 1):
+        pass
+    beats, reasons = beats_and_reasons(cluster, 0)
+    assert liveness.has_left(beats[1])
+    assert reasons[1] == b'left on SIGTERM (a scale-down)'
+
+
+def test_a_recovery_beats_on_the_ps_tasks_that_answer(shared_cluster,
+                                                      free_ports):
+    # Ps 1 is lost; ps 0, which stayed, hears worker 1 beat all along.
+    cluster = tf.train.ClusterSpec({
+        'ps': [shared_cluster(1, 2).task_address('ps', 0),
+               'localhost:%d' % free_ports(1)[0]],
+        'worker': ['localhost:%d' % port for port in free_ports(2)]})
+    start_ps(cluster, 0)
+    with liveness.beating(cluster, 1):
+        time.sleep(1 + 2 * liveness.Watchdog.POLL_SECS)
+    assert on_ps(cluster, 0, lambda beats, *_: beats)[1] >= 2
+
+
 def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)

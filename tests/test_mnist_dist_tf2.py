@@ -263,7 +263,7 @@ def test_a_frozen_ps_for_good_for_a_while_and_restarted_at_once(
 # trains, each is named after the global step it holds; one that cannot be
 # written is one line, and the next is saved.
 CHECKPOINTS = '''
-import sys, threading
+import sys, threading, time
 import tensorflow as tf
 import tf2_utils
 variables = {'w': tf.Variable(tf.zeros([784, 10]), name='w'),
@@ -291,6 +291,25 @@ tf.io.gfile.makedirs('%s/tf2/ckpt-%d.index/in_the_way' % (sys.argv[1], step))
 print(checkpoints.save())
 variables['global_step'].assign_add(1)
 print(checkpoints.save())
+# The epoch's save and a preemption's, at once: one at a time, and one
+# checkpoint of the step.
+saving, most, save = [], [0], checkpoints.manager.save
+def slow_save(**kwargs):
+    saving.append(None)
+    most[0] = max(most[0], len(saving))
+    time.sleep(0.2)
+    try:
+        return save(**kwargs)
+    finally:
+        saving.pop()
+checkpoints.manager.save = slow_save
+variables['global_step'].assign_add(1)
+epoch = threading.Thread(target=checkpoints.save)
+epoch.start()
+time.sleep(0.1)
+print(checkpoints.save_now())
+epoch.join()
+print('at once', most[0])
 '''
 
 
@@ -303,12 +322,72 @@ def test_checkpoints_hold_the_step_they_are_named_after(tmp_path):
     lines = ran.stdout.splitlines()
     steps = [int(re.fullmatch(r'saved the model at global_step=(\d+)',
                               line).group(1)) for line in lines[:20]]
-    kept = [line.split()[1:] for line in lines[20:-3]]
+    kept = [line.split()[1:] for line in lines[20:-5]]
     assert len(kept) == 5 and all(named == held for named, held in kept)
     assert {int(named) for named, _ in kept} <= set(steps)
-    assert lines[-2:] == ['None', str(int(lines[-3]) + 1)]
+    assert lines[-4:-1] == ['None', str(int(lines[-5]) + 1),
+                            'saved the model at global_step=%d'
+                            % (int(lines[-5]) + 2)]
+    assert lines[-1] == 'at once 1'
     assert re.fullmatch(
         r'coordinator: error: cannot save a checkpoint in --logdir=%s \(.+\); '
         r'training goes on' % re.escape(str(tmp_path)),
         [line for line in ran.stderr.splitlines()
          if 'coordinator' in line][0])
+
+
+# The coordinator's summaries on a full disk, in a process of its own: a
+# writer that cannot be made, and one whose flush fails once a write needs
+# a new block, are a line each, and the run goes on to its final line.
+SUMMARIES = '''
+import os, sys
+import tf2_utils
+full, filling = sys.argv[1:]
+def fill(path):
+    with open(os.path.join(path, 'filler'), 'wb', buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:
+            pass
+fill(full)
+log = tf2_utils.Log(0, 0, full, 'coordinator')
+log.epoch(1, loss=1.0)
+log.final(2, 0.5)
+log = tf2_utils.Log(0, 0, filling, 'coordinator')
+fill(filling)
+for step in range(1000):
+    log.epoch(step, loss=1.0)
+log.final(1000, 0.5)
+'''
+
+
+def test_summaries_on_a_full_disk_cost_the_summaries(tmp_path):
+    folders = [tmp_path / 'full', tmp_path / 'filling']
+    mounted = []
+    try:
+        for folder in folders:
+            folder.mkdir()
+            if os.geteuid() or subprocess.run(
+                    ['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs',
+                     str(folder)]).returncode:
+                pytest.skip('cannot mount a small tmpfs here (root only)')
+            mounted.append(folder)
+        ran = subprocess.run([sys.executable, '-c', SUMMARIES,
+                              *map(str, folders)], cwd=REPO,
+                             capture_output=True, text=True, timeout=START_UP,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    finally:
+        for folder in mounted:
+            subprocess.run(['umount', '-l', str(folder)])
+    assert ran.returncode == 0, ran.stderr
+    assert [line.split(', train_seconds')[0] for line in
+            ran.stdout.splitlines()] == [
+        'worker=0, local_steps=2, global_step=2',
+        'worker=0, local_steps=1000, global_step=1000']
+    assert [line for line in ran.stderr.splitlines()
+            if 'coordinator' in line] == [
+        'coordinator: error: cannot write summaries in --logdir=%s (%s/%s; '
+        'No space left on device); training goes on' % (folder, folder, name)
+        for folder, name in zip(folders, re.findall(
+            r'(events\.out\.tfevents\.\S+?);', ran.stderr))], ran.stderr

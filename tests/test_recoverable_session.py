@@ -209,16 +209,103 @@ def test_a_failure_stored_as_the_chief_saves_its_last_checkpoint_is_raised(
     monkeypatch.setattr(liveness, 'GONE_SECS', 0.1)  # worker 1 never came
     sess, sv, _ = recoverable_session(ps.place.cluster, [],
                                       logdir=str(tmp_path))
-    saving = sess.creator.logdir
-    # A save before, still running, holds the lock; meanwhile a failure is
-    # stored, and the session closed, as the stall watch closes it: the
-    # save then meets a closed session, and the failure is what is raised.
-    saving._saving.acquire()
-    errors.fail(sess.session.coord, 'the chief went away')
-    sess.session.session.close()
-    threading.Timer(0.5, saving._saving.release).start()
+    # Once the chief has waited for the others, and as it saves its last
+    # checkpoint: a failure is stored, and the session closed, as the stall
+    # watch closes it. The save meets a closed session, and the failure is
+    # what is raised.
+    save = sess.creator.logdir.save
+
+    def failing_meanwhile(sv, session, calling):
+        errors.fail(sess.session.coord, 'the chief went away')
+        session.close()
+        return save(sv, session, calling)
+    monkeypatch.setattr(sess.creator.logdir, 'save', failing_meanwhile)
     with pytest.raises(TaskFailed, match='^the chief went away$'):
         sess.close()
+
+
+def test_a_ps_lost_as_a_worker_closes_is_recovered_from(ps, capsys):
+    # Worker 0's training is over; as it closes, its Watchdog found the ps
+    # lost. Closing waits for it, in a new session, and marks the worker
+    # done there.
+    sess, _, _ = recoverable_session(ps.place.cluster, [])
+    lost = tf.errors.UnavailableError(None, None, 'Socket closed')
+    sess.session.coord.request_stop((type(lost), lost, None))
+    sess.close()
+    assert list(ps.sess.run(ps.beats)) == [liveness.DONE, 0]
+    assert capsys.readouterr().out == (
+        'worker=0: initialized the model\n'
+        'worker=0: lost the connection to a ps task (%s); waiting up to 10 s '
+        'for it\n'
+        'worker=0: joined the live model on the ps at global_step=0\n'
+        'worker=0: resuming at global_step=0\n'
+        % ps.place.cluster.task_address('ps', 0))
+
+
+def test_a_recovery_beats_on_the_ps_that_stayed(shared_cluster, monkeypatch):
+    # Of 2 ps tasks, ps 1 is lost, and the recovery waits for it: ps 0
+    # hears worker 0 beat meanwhile, or would count it gone.
+    cluster = shared_cluster(2, 2)
+    ps0, _ = [PsTask(small_model.server(cluster, 'ps', k),
+                     Place(cluster, 'ps', k)) for k in range(2)]
+    sess, _, _ = recoverable_session(cluster, [])
+    lost = tf.errors.UnavailableError(None, None, 'Socket closed')
+    sess.session.coord.request_stop((type(lost), lost, None))
+    sess.session.watchdog.join()  # its beats stop with the session
+    sess.creator.watch._lost_at = time.monotonic() - 7  # 3 s left
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [1])
+    before = ps0.sess.run(ps0.beats)[0]
+    with pytest.raises(TaskFailed, match='which did not come back'):
+        sess._recover(lost)
+    assert ps0.sess.run(ps0.beats)[0] - before >= 3
+
+
+def test_a_stuck_run_that_no_new_session_carries_on_says_so(ps, monkeypatch):
+    sess, _, _ = recoverable_session(ps.place.cluster, [])
+    sess.creator.watch._lost_at = time.monotonic() - 10  # no wait left
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0])
+    stuck = errors.Stuck(None, None, 'no new global step for 60 s '
+                         '(--stall_timeout), waiting in a training run, '
+                         'while every task answers')
+    with pytest.raises(TaskFailed) as failed:
+        sess._recover(stuck)
+    assert failed.value.message == (
+        stuck.message + '; no new session carried the run on within 10 s '
+        '(--ps_timeout)')
+
+
+def test_a_lost_session_is_abandoned_once_however_many_attempts(ps):
+    sess, _, _ = recoverable_session(ps.place.cluster, [])
+    before = sess.session
+    before.abandon()
+    closed = []
+    before.watchdog.join = lambda: closed.append('a second time')
+    before.abandon()
+    assert closed == [] and not before.watchdog.is_alive()
+
+
+def test_a_chief_saving_for_a_preempted_ps_that_left_gives_up_in_time(
+        ps, free_ports, tmp_path):
+    # The ps said it was preempted, and left before the chief's save: the
+    # save's new session waits for it with no timeout, but the chief gives
+    # up on it within --preemption_grace.
+    sess, _, _ = recoverable_session(ps.place.cluster, [],
+                                     logdir=str(tmp_path))
+    creator = sess.creator
+    creator.preemption_grace = 8
+    # Where the ps was: nothing.
+    creator.server = small_model.server(cluster_of(free_ports), 'worker', 0)
+    words = []
+    saving = threading.Thread(target=lambda: words.append(
+        creator.preempted(hold=True)), daemon=True)
+    started = time.monotonic()
+    saving.start()
+    saving.join(20)
+    assert not saving.is_alive() and time.monotonic() - started < 9
+    assert words == ['cannot save the model in --logdir=%s (no answer within '
+                     '8 s (--preemption_grace)): its updates since the last '
+                     'checkpoint are lost' % tmp_path]
+    sess.close()
 
 
 def test_close_ends_at_once_with_a_thread_that_never_stops(ps):

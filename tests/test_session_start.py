@@ -6,7 +6,10 @@ initializes, fails the worker in one line. In a cluster of processes, a
 checkpoint that cannot be restored ends every worker (restoring and joining
 the live model there: test_logdir.py and test_recoverable_session.py)."""
 
+import contextlib
 import os
+import re
+import subprocess
 import threading
 import time
 
@@ -20,6 +23,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, server, session_start  # noqa: E402
 from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
@@ -39,7 +43,7 @@ def cluster(shared_cluster):
                   for job, i in (('ps', 0), ('worker', 0), ('worker', 1))}
 
 
-def supervisor(cluster, index, logdir=None):
+def supervisor(cluster, index, logdir=None, initializes=True):
     """What worker `index` of the scripts builds, in a graph of its own: the
     model (of 4 pixels and 2 classes) under replica_device_setter, and the
     Supervisor; and its training step."""
@@ -52,7 +56,8 @@ def supervisor(cluster, index, logdir=None):
                 loss, global_step=global_step)
         return tf.train.Supervisor(
             is_chief=index == 0, logdir=logdir,
-            init_op=tf.global_variables_initializer(),
+            init_op=(tf.global_variables_initializer() if initializes
+                     else tf.no_op()),
             global_step=global_step,
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0), train_op
@@ -64,13 +69,15 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     server, its model's graph the default one, as in its own process; a
     session's coordinator, `coord`, holds what its threads met."""
     spec, servers = cluster
-    watch = StallWatch(None, Place(spec, 'worker', index), 60, 60)
+    place = Place(spec, 'worker', index)
+    watch = StallWatch(None, place, 60, 60)
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
             server.session_config('worker', index), spec, watch,
             coord or tf.train.Coordinator(),
-            Deadline(timeout, '--startup_timeout'), logdir, reopened)
+            Deadline(timeout, '--startup_timeout'),
+            logdir and Logdir(logdir, place.name), reopened)
 
 
 def is_live(cluster):
@@ -158,6 +165,52 @@ def test_the_chief_joins_the_live_model_not_its_older_checkpoint(
     assert sess.run(sv.global_step) == 3
     sv.stop()
     sess.close()
+
+
+@pytest.mark.filterwarnings(
+    'ignore::pytest.PytestUnhandledThreadExceptionWarning')
+def test_a_chief_on_a_full_logdir_opens_its_session_and_says_so(
+        cluster, capsys, tmp_path):
+    # The logdir full before the chief starts, or as a ps restarted: the
+    # graph the chief writes there costs one line, not the session.
+    if os.geteuid() or subprocess.run(['mount', '-t', 'tmpfs', '-o',
+                                       'size=64k', 'tmpfs',
+                                       str(tmp_path)]).returncode:
+        pytest.skip('cannot mount a small tmpfs here (root only)')
+    try:
+        with open(tmp_path / 'filler', 'wb', buffering=0) as filler:
+            with contextlib.suppress(OSError):
+                while True:
+                    filler.write(bytes(4096))
+        sv, train_op = supervisor(cluster[0], 0, str(tmp_path))
+        sess = open_session(cluster, sv, 0, str(tmp_path))
+        sess.run(train_op)
+        sess.close()
+        # Its summaries cannot be written either: said by the scripts as
+        # their writer's thread fails (test_logdir.py).
+        with contextlib.suppress(RuntimeError):
+            sv.stop()
+    finally:
+        subprocess.run(['umount', '-l', str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert out == 'worker=0: initialized the model\n'
+    assert re.fullmatch(
+        r'/job:worker/task:0: error: cannot write the graph in --logdir=%s '
+        r'\(%s\.tmp\w+; No space left on device\); training goes on\n'
+        % (re.escape(str(tmp_path)), re.escape(str(tmp_path / 'graph.pbtxt'))),
+        err)
+
+
+def test_a_model_not_ready_once_initialized_is_a_lost_ps(cluster):
+    # As when a ps restarts while the chief initializes the model: its
+    # SessionManager's RuntimeError is a lost ps's, which a recovery waits
+    # for.
+    sv, _ = supervisor(cluster[0], 0, initializes=False)
+    with pytest.raises(tf.errors.AbortedError, match='^the model is not '
+                       'ready once initialized: Init operations did not '
+                       'make model ready'):
+        open_session(cluster, sv, 0)
+    sv.stop()
 
 
 def test_a_damaged_checkpoint_fails_the_chief(cluster, tmp_path):

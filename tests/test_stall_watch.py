@@ -140,7 +140,10 @@ def test_a_loss_is_waited_for_from_when_it_was_first_found(die):
         assert die.first().endswith('within 60 s (--ps_timeout)')
     # Over once a new session is made, or a step.
     assert watch.lost(found=False) is None
+    watch.step(6)
     watch.lost()
+    watch.step(6)  # read again: no step
+    assert watch._lost_at is not None
     watch.step(7)
     assert watch._lost_at is None
 
@@ -214,15 +217,35 @@ def test_outside_a_call_a_standing_step_ends_nothing(die):
 
 
 def test_steps_that_move_keep_the_watch_quiet(die):
+    # Training runs, each shorter than secs, for twice secs.
     watch = started(die, secs=1, ps_secs=1)
-    with watch.calling('a training run'):
-        deadline = time.monotonic() + 2
-        step = 0
-        while time.monotonic() < deadline:
+    deadline = time.monotonic() + 2
+    step = 0
+    while time.monotonic() < deadline:
+        with watch.calling('a training run'):
             step += 1
             watch.step(step)
             time.sleep(0.01)
-        assert errors.stored(watch.coord) is None
+    assert errors.stored(watch.coord) is None
+    watch.close()
+
+
+def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
+    # Async: the others' steps move the global step, but this worker's run
+    # has lasted secs.
+    watch = started(die, secs=0.3, ps_secs=60)
+    session = Session(cancels=True)
+    with watch.calling('a training run', session):
+        step = 0
+        while not session.closed.wait(0.01):
+            step += 1
+            watch.step(step)
+    stuck = errors.stored(watch.coord)
+    assert isinstance(stuck, errors.Stuck) and errors.is_lost(stuck)
+    assert stuck.message == (
+        'no step of its own for 0.3 s (--stall_timeout), waiting in a '
+        'training run, while the global step goes on')
+    assert die.said.empty()
     watch.close()
 
 
