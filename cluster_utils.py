@@ -6,6 +6,7 @@ set TensorFlow up themselves.
 """
 
 import collections
+import itertools
 import os
 import sys
 import threading
@@ -20,7 +21,7 @@ from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
-from ps_cluster.logdir import CHIEF_LEFT, Logdir
+from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir, marker
 from ps_cluster.ps_task import STARTUP_GRACE_SECS, PsTask
 from ps_cluster.recoverable_session import RecoverableSession
 from ps_cluster.session_start import SessionCreator
@@ -444,11 +445,16 @@ class Task:
                           self.is_chief, global_step, last_step,
                           len(self.cluster['worker']))
 
-    def training_session(self, sv, worker_server, tokens=None):
+    def training_session(self, sv, worker_server, last_step, tokens=None):
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
         are up, in a session that outlives a lost ps (docs/design.md); sync's
-        `tokens` start the chief's updates in each new session."""
+        `tokens` start the chief's updates in each new session. A worker
+        other than the chief that comes once the run is over, its global
+        step at last_step (a late worker of an elastic run, one started
+        again too late), says so and ends the task, status 0: as the
+        chief's marker in --logdir says, or the global step on the ps."""
         self.check_gpu(worker_server, 'worker', self.index)
+        self._came_after_the_end(self._marked_end(), last_step)
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
         watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
@@ -458,7 +464,19 @@ class Task:
                                  [tokens] if tokens else [], watch,
                                  FLAGS.startup_timeout,
                                  FLAGS.preemption_grace, self.logdir, tokens)
-        sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
+        try:
+            sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
+        except TaskFailed as e:
+            # The ps tasks leave once the run has ended: an elastic run's,
+            # once the chief and the workers that came have.
+            self._came_after_the_end(self._marked_end(), last_step)
+            if self.elastic and probes.silent(self.place.cluster, 'ps'):
+                raise TaskFailed('%s; the run may have ended before this '
+                                 'worker came' % e.message)
+            raise
+        if not self.is_chief:
+            self._came_after_the_end(sess.run(sv.global_step), last_step,
+                                     sess)
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.tell)
         if self.is_chief:
@@ -466,6 +484,30 @@ class Task:
                 'worker=0: preempted: %s' % creator.preempted(), flush=True),
                 FLAGS.preemption_grace)
         return sess
+
+    def _marked_end(self):
+        """The global step at which the chief ended its run, from its marker
+        in --logdir, for a worker other than the chief; else None."""
+        if not self.is_chief and FLAGS.logdir:
+            return marker(FLAGS.logdir, CHIEF_DONE, 0)
+        return None
+
+    def _came_after_the_end(self, step, last_step, sess=None):
+        """If step, the run's, is at last_step: says so, closes sess (this
+        worker marked done), and ends the task, status 0."""
+        if step is not None and int(step) >= last_step:
+            print('worker=%d: the run ended at global_step=%d, before this '
+                  'worker came: nothing is left to train' % (self.index,
+                                                             int(step)),
+                  flush=True)
+            if sess:
+                sess.close()
+            self.end.leave()
+
+    def epochs(self, epochs):
+        """The async workers' epochs: `epochs` each, or, in an elastic run,
+        as many as it takes them to reach its last global step."""
+        return itertools.count() if self.elastic else range(epochs)
 
     def training_log(self, sv, sess, global_step, mnist, accuracy_op, x_p,
                      y_p):

@@ -156,16 +156,18 @@ def main(_):
                              save_model_secs=0)
 
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
-    # waits for a lost ps to come back and trains on.
-    sess = task.training_session(sv, server)
+    # waits for a lost ps to come back and trains on; a worker that comes
+    # after the run's last step ends here.
+    sess = task.training_session(sv, server, last_step)
 
     rng = np.random.default_rng(task.index)
     gstep = sess.run(global_step)
     log = task.training_log(sv, sess, gstep, mnist, accuracy_op, x_p, y_p)
     lstep = 0
     # ASYNC: every worker its own epochs, its own steps; a resumed run ends
-    # where it would have.
-    for epoch in range(FLAGS.epochs):
+    # where it would have. An elastic run (--min_workers) ends there too,
+    # at once: whoever came shares the listed workers' steps.
+    for epoch in task.epochs(FLAGS.epochs):
         if gstep >= last_step:
             break
         for x_batch, y_batch in mnist_data.epoch_batches(
@@ -176,7 +178,10 @@ def main(_):
             lstep += FLAGS.steps_per_run
             log.step(gstep, lstep, loss,
                      gstep - gstep_read - FLAGS.steps_per_run)
-        if (epoch + 1) % FLAGS.print_every_epochs == 0:
+            if task.elastic and gstep >= last_step:
+                break
+        if ((epoch + 1) % FLAGS.print_every_epochs == 0
+                and not (task.elastic and gstep >= last_step)):
             print('worker=%d,epoch=%d,global_step=%d, local_step=%d, loss=%s'
                   % (task.index, epoch, gstep, lstep, loss), flush=True)
             log.accuracies(gstep)

@@ -185,8 +185,9 @@ def main(_):
                              save_model_secs=0)
 
     # PS: sv.prepare_or_wait_for_session(server.target), in a session that
-    # waits for a lost ps to come back and trains on.
-    sess = task.training_session(sv, server, tokens)
+    # waits for a lost ps to come back and trains on; a worker that comes
+    # after the run's last step ends here.
+    sess = task.training_session(sv, server, last_step, tokens)
 
     rng = np.random.default_rng(task.index)
     gstep = sess.run(global_step)

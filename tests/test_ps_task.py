@@ -5,13 +5,14 @@ workers; in a cluster of processes, a worker that never came ends every
 task. A ps waits for silent workers in test_recoverable_session.py."""
 
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from conftest import (LONG_RUN, START_UP, assert_clean_exit,
+from conftest import (FINAL_STEP, LONG_RUN, START_UP, assert_clean_exit,
                       assert_one_error_line, own_lines, run_accuracy)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -187,9 +188,13 @@ def test_worker_that_never_came_ends_every_task(procs, free_ports,
 # Elastic async, side by side, 4 workers listed: --min_workers=2, workers 0
 # and 1 at first, 2 and 3 once the chief has printed its 2nd epoch, and
 # worker 3 SIGTERMed mid-run, as a JobSet scaled 2 -> 4 -> 3 would; the
-# same with worker 3 never started; and every worker from the start, not
-# elastic. Every task ends with its status, the ps by itself; the elastic
-# runs' model is the full run's, within 0.02.
+# same with worker 3 never started, until the chief's final line: it then
+# ends at once, and so it does again once the ps has gone (the chief's
+# marker in --logdir says where the run ended), but after --startup_timeout
+# without a --logdir; and every worker from the start, not elastic. Every
+# task ends with its status, the ps by itself; an elastic run ends at the
+# global step of the listed workers' whole run, whoever came, and its model
+# is the full run's, within 0.02.
 @pytest.mark.slow
 def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
                                                     small_data, tmp_path):
@@ -199,9 +204,9 @@ def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
                 '--learning_rate=0.5', '--logdir=%s' % (tmp_path / name),
                 *more]
 
-    def start(name, ports, indices, *more):
+    def start(name, ports, indices, *more, tag=''):
         return [procs.script('async', 'worker', i, ports[:1], ports[1:],
-                             *flags(name, *more), name=name)
+                             *flags(name, *more), name=name + tag)
                 for i in indices]
     runs = {}
     for name, more in (('elastic', ['--min_workers=2']),
@@ -211,14 +216,19 @@ def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
                           *flags(name, *more), name=name)
         first = 4 if name == 'full' else 2
         runs[name] = ports, more, ps, start(name, ports, range(first), *more)
-    procs.wait_for_output(runs['elastic'][3][0], r'^worker=0,epoch=1,',
-                          START_UP)
-    for name, last in (('elastic', 4), ('never', 3)):
-        ports, more, _, workers = runs[name]
-        workers += start(name, ports, range(2, last), *more)
-    worker3 = runs['elastic'][3][3]
+    chief = runs['elastic'][3][0]
+    procs.wait_for_output(chief, r'^worker=0,epoch=1,', START_UP)
+    ports, more, _, workers = runs['elastic']
+    workers += start('elastic', ports, range(2, 4), *more)
+    worker3 = workers[3]
     procs.wait_for_output(worker3, r'^worker=3,epoch=1,', START_UP)
     os.kill(worker3.pid, signal.SIGTERM)
+    ports, more, never_ps, never = runs['never']
+    procs.wait_for_output(never[0], r'^worker=0,epoch=1,', START_UP)
+    never += start('never', ports, [2], *more)
+    # Worker 3 comes once the chief has ended its training.
+    procs.wait_for_output(never[0], r'^worker=0, final accuracy', START_UP)
+    late = start('never', ports, [3], *more, tag='late')
     accuracies = {}
     for name, (ports, _, ps, workers) in runs.items():
         procs.wait_all(workers + [ps], START_UP)
@@ -226,10 +236,23 @@ def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
         outputs = [assert_clean_exit(procs, w, 0) for w in ended]
         accuracies[name] = run_accuracy(outputs, 'async')
         said = assert_clean_exit(procs, ps, 0)
+        # Worker 3 of 'never' came once the chief had ended: before the ps
+        # left, or after.
         came = {'elastic': '4 of the 4 listed came, 1 left',
-                'never': '3 of the 4 listed came, 0 left'}.get(name)
-        assert not came or ('/job:ps/task:0: every worker that came has '
-                            'ended: ' + came) in said, said
+                'never': '[34] of the 4 listed came, 0 left'}.get(name)
+        assert not came or re.search('^/job:ps/task:0: every worker that '
+                                     'came has ended: ' + came, said,
+                                     re.M), said
+        # The run's last step, 30 epochs of 10 steps by each of the 4
+        # listed workers, is the chief's: in its last checkpoint.
+        last = max(int(step) for output in outputs
+                   for _, step in FINAL_STEP.findall(output))
+        assert last >= 30 * 10 * 4
+        assert (tmp_path / name / ('model.ckpt-%d.index' % last)).exists()
+    # The late workers of an elastic run shared its steps.
+    elastic = [procs.output(w) for w in runs['elastic'][3]]
+    assert all(re.search(r'^worker=%d,epoch=0,' % i, output, re.M)
+               for i, output in enumerate(elastic))
     assert_clean_exit(procs, worker3, 143)
     assert own_lines(procs.stderr(worker3)) == [
         '/job:worker/task:3: left on SIGTERM; the others train on']
@@ -238,4 +261,22 @@ def test_workers_that_come_late_leave_or_never_come(procs, free_ports,
                 runs['elastic'][2])
     for name in ('elastic', 'never'):
         assert abs(accuracies[name] - accuracies['full']) <= 0.02, accuracies
-
+    # Worker 3 came after the end, and again after the ps had gone: each
+    # time it ends at once, saying where the run ended; without --logdir,
+    # it says so after --startup_timeout.
+    ports, more, _, _ = runs['never']
+    for tag, without in (('again', []),
+                         ('unknown', ['--logdir=', '--startup_timeout=2'])):
+        procs.wait_all(late, START_UP)  # on the same port
+        late += start('never', ports, [3], *more, *without, tag=tag)
+    procs.wait_all(late, START_UP)
+    for worker in late[:2]:
+        output = assert_clean_exit(procs, worker, 0)
+        ended = re.search(r'^worker=3: the run ended at global_step=(\d+), '
+                          r'before this worker came: nothing is left to '
+                          r'train$', output, re.M)
+        assert ended and int(ended.group(1)) >= 30 * 10 * 4, output
+        assert 'epoch=' not in output
+    assert_one_error_line(procs, late[2], 1, 'did not come up within 2 s '
+                          '(--startup_timeout); the run may have ended before '
+                          'this worker came')
