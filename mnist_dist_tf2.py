@@ -167,7 +167,7 @@ def main(_):
         # TF2: the steps are scheduled, not run: join() waits for them.
         losses = [coordinator.schedule(train_steps, args=(iterator,))
                   for _ in range(-(-(end - step) // FLAGS.steps_per_run))]
-        task.join(coordinator, global_step)
+        task.join(coordinator)
         # TF2: reads of the ps, each within --stall_timeout: a frozen ps
         # would block them for good. A step run again may pass `end`.
         step, loss, validation_accuracy, test_accuracy = task.within(

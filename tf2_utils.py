@@ -184,12 +184,19 @@ class Tf2Task:
     def _preempted(self):
         """The coordinator's SIGTERM: its checkpoint of the variables as
         they stand, its servers told to wait for it, and its line."""
-        word = (self.saved.save_now() if self.saved
+        word = (self.saved.save_now(self._read_secs()) if self.saved
                 else 'saved nothing: it had not started')
         self._tell_servers('%s; the coordinator %s' % (coordinated.PREEMPTED,
                                                        word))
         print('worker=%d: preempted: %s' % (self.task_index, word),
               flush=True)
+
+    @staticmethod
+    def _read_secs():
+        """How long a preemption's save tries to read the variables, a
+        quarter of --preemption_grace: after a network cut, even one that
+        healed, a connection may carry no call for minutes."""
+        return FLAGS.preemption_grace / 4
 
     def _check_preempted(self):
         """A ps that says it was preempted: the coordinator saves, and tells
@@ -197,19 +204,21 @@ class Tf2Task:
         starts again once it is back."""
         for name, address in self._tasks('ps').items():
             if coordinated.read(name, address) == coordinated.PREEMPTED:
-                word = self.saved.save_now()
+                word = self.saved.save_now(self._read_secs())
                 print('worker=%d: %s (%s) was preempted: %s' % (
                     self.task_index, name, address, word), flush=True)
                 coordinated.tell({name: address}, '%s; the coordinator %s'
                                  % (coordinated.PREEMPTED, word),
                                  exits.TaskEnd.LAST_WORDS_SECS)
 
-    def join(self, coordinator, global_step):
+    def join(self, coordinator):
         """coordinator.join(), saying once which workers stop answering
         (TensorFlow's coordinator runs their steps on the others) and
         which come back; but the end of the task, naming the tasks that do
-        not answer, once global_step has not moved for --stall_timeout. A
-        step's error is raised here."""
+        not answer, once the global step has not moved for
+        --stall_timeout. The variables are read meanwhile, for a save that
+        cannot read them (Checkpoints.save_now()). A step's error is raised
+        here."""
         joined = []
 
         def join():
@@ -230,7 +239,7 @@ class Tf2Task:
                 break
             try:
                 # A frozen ps can block a read for good.
-                step = call_within(self.WORKER_CHECK_SECS, global_step.numpy)
+                step = call_within(self.WORKER_CHECK_SECS, self.saved.read)
             except (TimeoutError, tf.errors.OpError):
                 step = last
             if step != last:
@@ -411,7 +420,7 @@ class Checkpoints:
 
     def __init__(self, logdir, variables, name):
         self.source = 'new variables'
-        self.manager = self.last = None
+        self.manager = self.last = self.values = None
         # One save at a time, of the shared copies: the epoch's, and a
         # preemption's from another thread.
         self._saving = threading.Lock()
@@ -445,6 +454,15 @@ class Checkpoints:
                 variable.assign(reader.get_tensor(name))
             self.source = 'the TF1 checkpoint %s' % tf1
 
+    def read(self):
+        """The variables as they stand, read once each and kept: a save
+        that cannot read them (a ps behind a broken connection) saves
+        those; their global step."""
+        values = {name: tf.convert_to_tensor(variable).numpy()
+                  for name, variable in self.variables.items()}
+        self.values = values
+        return int(values['global_step'])
+
     def save(self):
         """A checkpoint of the variables as they stand, named after the
         global step it holds, which it returns. One that cannot be written
@@ -452,48 +470,54 @@ class Checkpoints:
         cannot be read raises."""
         if not self.manager:
             return None
+        self.read()
+        values = self.values
         with self._saving:
-            step = self._copy()
             try:
-                self._write(step)
+                return self._write(values)
             except (tf.errors.OpError, OSError) as e:
                 self.failed('save a checkpoint', e)
                 return None
-        return step
 
-    def save_now(self):
-        """A checkpoint of the variables as they stand, for a preemption,
-        once the save before it has ended (from the signals' thread, or as
-        a ps is preempted); says what it saved."""
+    def save_now(self, read_secs):
+        """A checkpoint for a preemption, from the signals' thread or as a
+        ps is preempted: of the variables as they stand, or, if they cannot
+        be read within read_secs, as they were last read (they are, every
+        few seconds: Tf2Task.join()); says what it saved."""
         if not self.manager:
             return 'has no --logdir to save the model in'
-        if not self._saving.acquire(timeout=Logdir.LOCK_SECS):
-            return ('cannot save the model in --logdir=%s: the save before '
-                    'has not ended within %g s; its steps since then are '
-                    'lost' % (self.logdir, Logdir.LOCK_SECS))
+        how = ''
         try:
-            step = self._copy()
-            self._write(step)
+            call_within(read_secs, self.read)
+        except (TimeoutError, tf.errors.OpError) as e:
+            if self.values is None:
+                return self._lost(errors.what_went_wrong(e))
+            how = ' as last read (%s)' % errors.what_went_wrong(e)
+        if not self._saving.acquire(timeout=Logdir.LOCK_SECS):
+            return self._lost('the save before has not ended within %g s'
+                              % Logdir.LOCK_SECS)
+        try:
+            step = self._write(self.values)
         except (tf.errors.OpError, OSError) as e:
-            return ('cannot save the model in --logdir=%s (%s): its steps '
-                    'since the last checkpoint are lost' % (
-                        self.logdir, errors.what_went_wrong(e)))
+            return self._lost(errors.what_went_wrong(e))
         finally:
             self._saving.release()
-        return 'saved the model at global_step=%d' % step
+        return 'saved the model at global_step=%d%s' % (step, how)
 
-    def _write(self, step):
-        """The copies' checkpoint, unless that step's is saved already."""
+    def _lost(self, why):
+        return ('cannot save the model in --logdir=%s (%s): its steps since '
+                'the last checkpoint are lost' % (self.logdir, why))
+
+    def _write(self, values):
+        """The checkpoint of values, through the copies, unless that step's
+        is saved already; its step."""
+        step = int(values['global_step'])
         if step != self.last:
+            for name, copy in self.copies.items():
+                copy.assign(values[name])
             self.manager.save(checkpoint_number=step)
             self.last = step
-
-    def _copy(self):
-        """The variables read once each into the copies: the global step
-        of the copy."""
-        for name, copy in self.copies.items():
-            copy.assign(tf.convert_to_tensor(self.variables[name]).numpy())
-        return int(self.copies['global_step'].numpy())
+        return step
 
 
 class Log:
