@@ -7,7 +7,7 @@ import time
 
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import probes
+from ps_cluster import probes, server
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
@@ -144,7 +144,7 @@ def _run(name, address, graph, fetch):
     None if it is not set up yet, or does not answer."""
     try:
         with tf.Session('grpc://' + address, graph=graph,
-                        config=tf.ConfigProto(device_filters=[name])) as sess:
+                        config=server.call_config(name)) as sess:
             return sess.run(fetch, options=tf.RunOptions(timeout_in_ms=2000))
     except tf.errors.OpError:
         return None

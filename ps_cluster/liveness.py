@@ -17,7 +17,7 @@ import time
 import numpy as np
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import errors, probes
+from ps_cluster import errors, probes, server
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
@@ -171,8 +171,9 @@ def _run_on_ps(cluster, k, fetches):
                                               [k])])
     try:
         with tf.Session('grpc://' + cluster.task_address('ps', k),
-                        graph=graph, config=tf.ConfigProto(device_filters=[
-                            '/job:ps/task:%d' % k])) as sess:
+                        graph=graph,
+                        config=server.call_config('/job:ps/task:%d' % k)
+                        ) as sess:
             return sess.run(ops, options=Watchdog.RUN_OPTIONS)
     except tf.errors.OpError:
         return None

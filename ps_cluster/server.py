@@ -38,6 +38,17 @@ def session_config(job, index, gpu=None, gpu_memory_fraction=None,
     return config
 
 
+def call_config(task):
+    """The config of a session of its own that makes a call on `task`
+    alone (/job:J/task:T), over a connection of its own: a connection
+    shared with the task's other sessions may carry no call for minutes
+    once a network cut has healed (TCP's retransmissions back off), and a
+    task's last words must get through."""
+    config = tf.ConfigProto(device_filters=[task])
+    config.rpc_options.disable_session_connection_sharing = True
+    return config
+
+
 def on_host(addresses, address):
     """Those of `addresses` ('host:port') on the host of `address`, in
     their order."""
