@@ -185,7 +185,8 @@ def start_task(sync, coordinator=False):
             task.end.fail('cannot listen on port %s (%s): is it in use?' % (
                 task.address.rpartition(':')[2], task.address))
         if issubclass(kind, tf.errors.OpError):
-            task.end.fail(errors.what_went_wrong(error))
+            task.end.fail(task.gpu_line(error)
+                          or errors.what_went_wrong(error))
         # Any other, a line too: TensorFlow raises more than its own.
         task.end.fail('%s: %s' % (kind.__name__, error))
     sys.excepthook = one_line
@@ -228,6 +229,7 @@ def start_task(sync, coordinator=False):
         # and the others train on without waiting for it.
         if task.elastic and not task.is_chief:
             task.end.on_preemption(task.scaled_down, FLAGS.preemption_grace)
+    task.check_gpu_given()
     return task
 
 
@@ -320,12 +322,19 @@ class Task:
         seen = ('CUDA_VISIBLE_DEVICES' in os.environ
                 and ' (CUDA_VISIBLE_DEVICES=%s)'
                 % os.environ['CUDA_VISIBLE_DEVICES'])
-        num_gpus = len(tf.config.experimental.list_physical_devices('GPU'))
+        gpus = tf.config.experimental.list_physical_devices('GPU')
+        num_gpus, self.gpu_name = len(gpus), ''
+        # A GPU given that TensorFlow cannot see ends the task, once it can
+        # tell the cluster (start_task()): never a silent fall-back.
+        self.gpu_given = (mine in FLAGS.gpu_jobs and not num_gpus
+                          and server.gpu_given())
         if mine not in FLAGS.gpu_jobs or not num_gpus:
-            if mine in FLAGS.gpu_jobs + ['worker', 'coordinator']:
-                print('%s: on the CPU: %s' % (self.name, (
-                    'no GPU found%s' % (seen or '')) if num_gpus == 0 else
-                    '--gpu_jobs=%s' % ','.join(FLAGS.gpu_jobs)), flush=True)
+            if mine in FLAGS.gpu_jobs + ['worker', 'coordinator'] and (
+                    not self.gpu_given):
+                print('%s: on the CPU: %s%s' % (self.name, (
+                    'no GPU found' if mine in FLAGS.gpu_jobs else
+                    '--gpu_jobs=%s' % ','.join(FLAGS.gpu_jobs)), seen or ''),
+                    flush=True)
             return None
         cap = FLAGS.gpu_memory_fraction and (
             ', at most %g of it (--gpu_memory_fraction)'
@@ -338,31 +347,53 @@ class Task:
             gpu, rank, count = server.deal_gpu(users, self.address, num_gpus)
             dealt = ', GPU task %d of %d on %s' % (
                 rank + 1, count, self.address.rpartition(':')[0])
+        self.gpu_name = tf.config.experimental.get_device_details(
+            gpus[gpu]).get('device_name', '')
         print('%s: on GPU %d of %d%s%s; memory as it needs it'
               % (self.name, gpu, num_gpus, seen or '', dealt) + (cap or ''),
               flush=True)
         return gpu
 
+    def check_gpu_given(self):
+        """Ends this task, status 1, if it was given a GPU (--gpu_jobs) that
+        TensorFlow cannot use, in one line: TensorFlow's reason, and the
+        ways out."""
+        if self.gpu_given:
+            raise TaskFailed(
+                'given a GPU (%s) that TensorFlow cannot use: %s. Use an image '
+                'with CUDA (the Dockerfile\'s --build-arg '
+                'TF_EXTRAS=and-cuda) or pip install \'tensorflow[and-cuda]\', '
+                'or train on the CPU: --gpu_jobs=' % (
+                    self.gpu_given, server.why_no_gpu().rstrip('.')))
+
     def check_gpu(self, task_server, job, index):
-        """Ends this task, status 1, if it cannot use its GPU, saying which
-        one and how much memory it asked for: one of the tasks that share
-        it, or another process, holds the rest."""
+        """Ends this task, status 1, if it cannot use its GPU, in one line
+        (gpu_line())."""
         if self.gpu is None:
             return
-        limit, failure = server.check_gpu(
+        _, failure = server.check_gpu(
             task_server.target, self.config,
             '/job:%s/replica:0/task:%d/device:GPU:0' % (job, index))
         if failure is not None:
-            raise TaskFailed(
-                'cannot use GPU %d (%s): it asked for up to %s%s, and other '
-                'processes hold the rest: lower --gpu_memory_fraction, or '
-                'keep the %s tasks off the GPUs (--gpu_jobs)' % (
-                    self.gpu, errors.what_went_wrong(failure),
-                    'unknown bytes' if limit is None
-                    else '%.2f GiB' % (limit / 2**30),
-                    FLAGS.gpu_memory_fraction
-                    and ' (--gpu_memory_fraction=%g)'
-                    % FLAGS.gpu_memory_fraction or '', self.job_name))
+            raise TaskFailed(self.gpu_line(failure, 'keep the %s tasks off '
+                                           'the GPUs (--gpu_jobs)' % job))
+
+    def gpu_line(self, error, change=None):
+        """The line of a failure of this task's GPU: which one, what went
+        wrong in TensorFlow's words, the memory it asked for, and what to
+        change; None for an error that is none of a GPU's own (`change`,
+        for any error)."""
+        found = self.gpu is not None and server.gpu_failure(error.message)
+        if not (found or change):
+            return None
+        cause, change = found or (None, change)
+        cap = ('at most %g of its memory (--gpu_memory_fraction)'
+               % FLAGS.gpu_memory_fraction if FLAGS.gpu_memory_fraction
+               else 'its memory as it needs it, with no cap')
+        return 'cannot use GPU %d%s: %s; it asked for %s: %s' % (
+            self.gpu, self.gpu_name and ' (%s)' % self.gpu_name,
+            '%s (%s)' % (cause, errors.what_went_wrong(error)) if cause
+            else errors.what_went_wrong(error), cap, change)
 
     def tell(self, reason, secs=0):
         """Says why this worker ends on purpose: on the ps tasks (secs: how
@@ -528,8 +559,15 @@ class Task:
         where = placement.lines(
             tf.trainable_variables() + [tf.train.get_global_step()],
             self.place.tasks('ps'))
+        # How far the run is: the book's async workers each walk their own
+        # epochs; sync's, and an elastic run's, end at a global step.
+        steps_per_epoch = len(mnist.train.images) // FLAGS.batch_size
+        last_step = (FLAGS.epochs * steps_per_epoch
+                     * (1 if self.sync else len(self.cluster['worker']))
+                     if self.sync or self.elastic else None)
         return TrainingLog(sv, sess, global_step, self.index, accuracy_on,
-                           mnist, staleness, staleness_dir, where)
+                           mnist, staleness, staleness_dir, where,
+                           FLAGS.epochs, steps_per_epoch, last_step)
 
     def evaluate(self, model, loss_and_accuracy, mnist, last_step,
                  logdir=None):

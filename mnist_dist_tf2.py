@@ -159,7 +159,7 @@ def main(_):
             loss = strategy.run(train_step, args=next(iterator))
         return loss
 
-    log = task.log(start)
+    log = task.log(start, steps_per_epoch)
     step = start
     while step < last_step:
         epoch = step // steps_per_epoch

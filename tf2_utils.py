@@ -17,6 +17,7 @@ from ps_cluster import coordinated, errors, exits, liveness, probes
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
+from ps_cluster.training_log import time_left
 
 FLAGS = flags.FLAGS
 # The errors of a lost ps, as the coordinator meets them: a lost worker's
@@ -286,8 +287,6 @@ class Tf2Task:
                                      'GPUs, which TensorFlow 2\'s strategy '
                                      'cannot use: one each, or none '
                                      '(--gpu_jobs)')
-                if issubclass(kind, tf.errors.OpError):
-                    self.end.fail(errors.what_went_wrong(error))
             except TaskFailed as e:
                 self.end.fail(e.message, e.status)
             one_line(kind, error, traceback)
@@ -313,10 +312,11 @@ class Tf2Task:
                       'the other workers' % (self.task_index, name, address),
                       flush=True)
 
-    def log(self, start):
-        """What the coordinator prints beyond the epoch lines, and writes in
-        --logdir for TensorBoard."""
-        return Log(self.task_index, start, FLAGS.logdir, self.name)
+    def log(self, start, steps_per_epoch):
+        """What the coordinator prints beyond the epoch lines, how far the
+        run is among them, and writes in --logdir for TensorBoard."""
+        return Log(self.task_index, start, FLAGS.logdir, self.name,
+                   FLAGS.epochs, steps_per_epoch)
 
     def export(self, module, step, accuracy):
         """With --export_dir, writes `module` as a SavedModel in a folder
@@ -527,14 +527,28 @@ class Log:
     the run, as the TF1 scripts' do. `name` is the coordinator's, in its
     lines."""
 
-    def __init__(self, task_index, start, logdir, name):
+    def __init__(self, task_index, start, logdir, name, epochs=None,
+                 steps_per_epoch=None):
         self.index, self.start = task_index, start
+        self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
         self.started = time.monotonic()
         self.failed = Logdir(logdir, name).failed
         self.writer = logdir and self._write(
             lambda: tf.summary.create_file_writer(logdir))
 
     def epoch(self, step, **values):
+        """After an epoch, at global step `step`: how far the run is, and
+        how long it has left at its pace; the summaries of values."""
+        last = self.epochs and self.epochs * self.steps_per_epoch
+        if last and step < last:
+            pace = (step - self.start) / (time.monotonic() - self.started)
+            print('worker=%d, global_step=%d, %.0f steps/s, epoch %d of %d, '
+                  '%s' % (self.index, step, pace, step // self.steps_per_epoch
+                          + 1, self.epochs, time_left((last - step) / pace)
+                          if pace > 0 else 'time left unknown'), flush=True)
+        self._summaries(step, **values)
+
+    def _summaries(self, step, **values):
         # The TF1 scripts' simple values, which TensorBoard reads without
         # its own package in this process.
         summary = tf.compat.v1.Summary(value=[
@@ -556,7 +570,7 @@ class Log:
               'steps_per_sec=%.1f' % (self.index, step - self.start, step,
                                       seconds, (step - self.start) / seconds),
               flush=True)
-        self.epoch(step, test_accuracy=accuracy)
+        self._summaries(step, test_accuracy=accuracy)
         if self.writer:
             self._write(self.writer.close)
 

@@ -1,10 +1,15 @@
 """The config of this task's gRPC server and of every session it opens:
 where it may place ops, the GPU it may use, and its thread pools, sized to
-its share of the host's CPUs."""
+its share of the host's CPUs; and, of a GPU, whether one was given to this
+process and why TensorFlow cannot use it."""
 
+import glob
 import math
 import os
 import pathlib
+import re
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -91,6 +96,77 @@ def check_gpu(target, config, device):
         except tf.errors.OpError as e:
             return limit, e
     return limit, None
+
+
+# What an environment variable names when it gives no GPU: CUDA's and
+# TensorFlow's images set NVIDIA_VISIBLE_DEVICES=all (every GPU of the host,
+# if any), none or void; CUDA hides every GPU from -1 and from none at all.
+NO_GPU = ('', 'all', 'none', 'void', '-1')
+
+
+def gpu_given(environ=os.environ, devices='/dev'):
+    """What says that a GPU was given to this process, in words, or None:
+    a GPU named by NVIDIA_VISIBLE_DEVICES (the container runtime's, as
+    Kubernetes' device plugin sets it), by CUDA_VISIBLE_DEVICES or by
+    Slurm's --gres variables; else an NVIDIA device node."""
+    for name in ('NVIDIA_VISIBLE_DEVICES', 'CUDA_VISIBLE_DEVICES',
+                 'SLURM_STEP_GPUS', 'SLURM_JOB_GPUS'):
+        if environ.get(name, '').strip().lower() not in NO_GPU:
+            return '%s=%s' % (name, environ[name])
+    nodes = sorted(glob.glob(os.path.join(devices, 'nvidia[0-9]*')))
+    return nodes[0] if nodes else None
+
+
+# TensorFlow's C++ log line: its level and date, time, thread, file:line.
+LOG_LINE = re.compile(r'^[IWE]\d{4} [\d:.]+ +\d+ (\S+)\] (.*)$')
+
+
+def why_no_gpu(timeout=120):
+    """TensorFlow's own words for finding no GPU, in a process of its own
+    that logs them (this one's log level hides them, and TensorFlow reads
+    it once): its lines from CUDA's and the GPU's sources, in a line."""
+    try:
+        ran = subprocess.run(
+            [sys.executable, '-c', 'import tensorflow.compat.v1 as tf; '
+             'tf.config.list_physical_devices("GPU")'],
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
+                     TF_USE_LEGACY_KERAS='1'),
+            capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 'TensorFlow found no GPU'
+    said = []
+    for line in ran.stderr.splitlines():
+        logged = LOG_LINE.match(line)
+        if logged and re.match(r'(cu|gpu_)', logged.group(1)) and (
+                logged.group(2) not in said):
+            said.append(logged.group(2))
+    return '; '.join(said) or 'TensorFlow found no GPU'
+
+
+# A GPU's own failures as TensorFlow words them, as a task's server or first
+# session makes its CUDA context, and what each is: (pattern, cause, what to
+# change).
+GPU_FAILURES = [
+    (r'out of memory|CUDA_ERROR_OUT_OF_MEMORY',
+     'out of memory as it made its CUDA context',
+     'fewer tasks a GPU, or a cap on each (--gpu_memory_fraction)'),
+    (r'busy or unavailable|CUDA_ERROR_DEVICE_UNAVAILABLE',
+     'busy: another process holds it, in exclusive-process mode',
+     'one task a GPU, or its default compute mode (nvidia-smi -c DEFAULT)'),
+    (r'driver version is insufficient|INSUFFICIENT_DRIVER|DRIVER_MISMATCH|'
+     r'COMPAT_NOT_SUPPORTED',
+     'its driver is older than the CUDA of TensorFlow',
+     'a newer NVIDIA driver, or a TensorFlow of an older CUDA'),
+]
+
+
+def gpu_failure(message):
+    """(what went wrong, what to change) of a GPU's own failure that
+    TensorFlow's message tells, or None."""
+    for pattern, cause, change in GPU_FAILURES:
+        if re.search(pattern, message):
+            return cause, change
+    return None
 
 
 def size_grpc_client(threads):

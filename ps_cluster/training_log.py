@@ -11,18 +11,32 @@ from ps_cluster import errors
 from ps_cluster.logdir import Logdir, close_within
 
 
+def time_left(secs):
+    """A duration to come, as a person reads it."""
+    minutes, secs = divmod(int(secs + 0.5), 60)
+    return '%d min %02d s left' % (minutes, secs) if minutes else (
+        '%d s left' % secs)
+
+
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
     staleness counts this worker's gradients (ps_cluster/staleness.py),
     written as a histogram in staleness_dir, if any, at the end; placement
     is the lines of ps_cluster/placement.py; the summaries go to the
-    Supervisor's writer, the chief's."""
+    Supervisor's writer, the chief's. The chief's pace also says how far
+    the run is, and how long it has left at that pace: `epochs` of
+    steps_per_epoch of its own steps each, or, where the run ends at a
+    global step, `last_step`, by its global steps a second."""
 
     SUMMARY_EVERY_STEPS = 50
     PROGRESS_EVERY_SECS = 10
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
-                 mnist, staleness, staleness_dir=None, placement=()):
+                 mnist, staleness, staleness_dir=None, placement=(),
+                 epochs=None, steps_per_epoch=None, last_step=None):
+        self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
+        self.last_step, self.first_global_step = last_step, global_step
+        self.epoch = None
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.staleness, self.staleness_dir = staleness, staleness_dir
@@ -53,16 +67,39 @@ class TrainingLog:
             self._summary(global_step, loss=loss)
         self.local_step = local_step
         now = time.monotonic()
-        if now - self.last_progress >= self.PROGRESS_EVERY_SECS:
-            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s'
+        where = self._where(global_step, now)
+        if now - self.last_progress >= self.PROGRESS_EVERY_SECS or where:
+            print('worker=%d, global_step=%d, local_step=%d, %.0f steps/s%s'
                   % (self.index, global_step, local_step,
-                     local_step / (now - self.started)), flush=True)
+                     local_step / (now - self.started), where), flush=True)
             # Where the Supervisor's own thread would write it.
             if self.writing:
                 self._summary(global_step, **{'global_step/sec': (
                     global_step - self.last_global_step) / (
                         now - self.last_progress)})
             self.last_progress, self.last_global_step = now, global_step
+
+    def _where(self, global_step, now):
+        """The chief's ', epoch K of N, T left', from its pace, once a new
+        epoch has begun or PROGRESS_EVERY_SECS have passed; else ''."""
+        if self.index or not self.epochs:
+            return ''
+        if self.last_step is None:
+            done = self.local_step / (self.epochs * self.steps_per_epoch)
+            pace = self.local_step / (now - self.started)
+        else:
+            done = global_step / self.last_step
+            pace = (global_step - self.first_global_step) / (
+                now - self.started)
+        epoch = min(self.epochs, int(done * self.epochs) + 1)
+        if epoch == self.epoch and (
+                now - self.last_progress < self.PROGRESS_EVERY_SECS):
+            return ''
+        self.epoch = epoch
+        left = (1 - done) * (self.epochs * self.steps_per_epoch
+                             if self.last_step is None else self.last_step)
+        return ', epoch %d of %d, %s' % (epoch, self.epochs, time_left(
+            left / pace) if pace > 0 else 'time left unknown')
 
     def accuracies(self, global_step):
         """Beside the book's epoch line: the chief's validation and test

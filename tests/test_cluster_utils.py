@@ -13,7 +13,7 @@ import pytest
 import tensorflow.compat.v1 as tf
 
 from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
-                      assert_one_error_line, own_lines)
+                      assert_one_error_line, final_accuracies, own_lines)
 
 from script_flags import usage_error
 import cluster_utils
@@ -111,20 +111,70 @@ def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
         task.gpu = 0
         with pytest.raises(exits.TaskFailed) as failed:
             task.check_gpu(small_model.server(spec, 'ps', 0), 'ps', 0)
+        lines = capsys.readouterr().out
+    # None of a GPU's own failures: TensorFlow's line, the cap it asked
+    # for, and the way out.
+    assert re.fullmatch(
+        r'cannot use GPU 0: Cannot assign a device for operation .+; it '
+        r'asked for at most 0\.25 of its memory \(--gpu_memory_fraction\): '
+        r'keep the ps tasks off the GPUs \(--gpu_jobs\)',
+        failed.value.message), failed.value.message
+    # A GPU's own, from TensorFlow's words as a server makes its context.
+    task.gpu_name = 'NVIDIA H200'
+    assert task.gpu_line(tf.errors.InternalError(
+        None, None, 'CUDA runtime implicit initialization on GPU:0 failed. '
+        'Status: out of memory')) == (
+        'cannot use GPU 0 (NVIDIA H200): out of memory as it made its CUDA '
+        'context (CUDA runtime implicit initialization on GPU:0 failed. '
+        'Status: out of memory); it asked for at most 0.25 of its memory '
+        '(--gpu_memory_fraction): fewer tasks a GPU, or a cap on each '
+        '(--gpu_memory_fraction)')
+    assert task.gpu_line(tf.errors.UnavailableError(
+        None, None, 'Socket closed')) is None
     finally:
         cluster_utils.FLAGS.unparse_flags()
-    assert re.fullmatch(
-        r'cannot use GPU 0 \(Cannot assign a device for operation .+\): it '
-        r'asked for up to unknown bytes \(--gpu_memory_fraction=0\.25\), '
-        r'and other processes hold the rest: lower --gpu_memory_fraction, '
-        r'or keep the ps tasks off the GPUs \(--gpu_jobs\)',
-        failed.value.message), failed.value.message
     # Its first lines said where it would compute.
     assert re.search(r'^/job:ps/task:0: on (the CPU: no GPU found|GPU \d+ '
                      r'of \d+, GPU task 1 of 3 on localhost; memory as it '
                      r'needs it, at most 0.25 of it '
-                     r'\(--gpu_memory_fraction\))$',
-                     capsys.readouterr().out, re.M)
+                     r'\(--gpu_memory_fraction\))$', lines, re.M)
+
+
+@pytest.mark.slow
+def test_a_gpu_given_that_tensorflow_cannot_use_ends_the_worker(
+        procs, free_ports, small_data):
+    # Worker 1 was given GPU 0, as Kubernetes' device plugin gives one, in
+    # an image without CUDA (this host has no GPU at all): it ends at once,
+    # saying TensorFlow's reason and the ways out, and the cluster hears
+    # why. With --gpu_jobs= it trains on the CPU.
+    runs = {}
+    for name, more in (('given-', []), ('cpu-', ['--gpu_jobs='])):
+        ports = free_ports(3)
+        flags = ['--ps=localhost:%d' % ports[0], '--worker=localhost:%d,'
+                 'localhost:%d' % tuple(ports[1:]), '--data_dir=' + small_data,
+                 *SHORT_RUN, *more]
+        runs[name] = [procs.forked(
+            'mnist_dist_async.py', ['--job_name=%s' % job,
+                                    '--task_index=%d' % i, *flags],
+            '%s%s%d' % (name, job, i),
+            env={'NVIDIA_VISIBLE_DEVICES': '0'} if i == 1 else None)
+            for job, i in (('ps', 0), ('worker', 0), ('worker', 1))]
+    ps, chief, worker = runs['given-']
+    procs.wait_all([worker], START_UP)
+    line = assert_one_error_line(
+        procs, worker, 1, 'given a GPU (NVIDIA_VISIBLE_DEVICES=0) that '
+        'TensorFlow cannot use: ', '. Use an image with CUDA (the '
+        'Dockerfile\'s --build-arg TF_EXTRAS=and-cuda) or pip install '
+        '\'tensorflow[and-cuda]\', or train on the CPU: --gpu_jobs=')
+    procs.wait_all(runs['given-'] + runs['cpu-'], START_UP)
+    reason = line.split(': error: ', 1)[1]
+    assert ('"%s"' % reason) in assert_clean_exit(procs, ps, 0)
+    assert 0 in final_accuracies(assert_clean_exit(procs, chief, 0))
+    for task in runs['cpu-']:
+        assert_clean_exit(procs, task, 0)
+    assert ('/job:worker/task:1: on the CPU: --gpu_jobs=' in
+            procs.output(runs['cpu-'][2]))
+    assert 1 in final_accuracies(procs.output(runs['cpu-'][2]))
 
 
 def break_truncate(path):

@@ -2,6 +2,7 @@
 run in containers."""
 
 import concurrent.futures
+import glob
 import json
 import os
 import re
@@ -704,3 +705,43 @@ def test_vcjob_in_containers(image, procs, small_data, tmp_path):
     evaluator, = [o for name, o in outputs.items()
                   if name.startswith('evaluator')]
     assert evaluations(evaluator)[-1][0] == 120
+
+
+def containers_of(document):
+    """Every container of a manifest's pods, whatever its kind."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if key == 'containers':
+                yield from value
+            else:
+                yield from containers_of(value)
+    elif isinstance(document, list):
+        for value in document:
+            yield from containers_of(value)
+
+
+@pytest.mark.parametrize('name', sorted(
+    os.path.basename(path) for path in glob.glob(os.path.join(EXAMPLES,
+                                                              '*.yaml'))))
+def test_each_pod_takes_its_share_and_a_gpu_an_image_with_cuda(name):
+    # A CPU limit: without a quota a task sizes its pools to the whole node.
+    # A container that asks for a GPU runs the image that the Dockerfile
+    # builds with CUDA, which the manifest's comment says how to build.
+    with open(os.path.join(EXAMPLES, name)) as f:
+        text = f.read()
+    containers = list(containers_of(list(yaml.safe_load_all(text))))
+    assert containers
+    for container in containers:
+        limits = container['resources']['limits']
+        assert limits['cpu'] == container['resources']['requests']['cpu']
+        gpu = 'nvidia.com/gpu' in limits
+        assert container['image'].endswith(':gpu' if gpu else ':latest')
+        if gpu:
+            assert ('podman build --build-arg TF_EXTRAS=and-cuda -t '
+                    'mnist-dist:gpu .' in ' '.join(
+                        line.lstrip('# ') for line in text.splitlines()))
+    with open(os.path.join(REPO, 'Dockerfile')) as f:
+        dockerfile = f.read()
+    assert ('podman build --build-arg TF_EXTRAS=and-cuda -t mnist-dist:gpu .'
+            in dockerfile)
+    assert '${TF_EXTRAS:+"tensorflow[$TF_EXTRAS]"}' in dockerfile

@@ -182,3 +182,63 @@ def test_a_task_takes_its_share_of_the_cpus_it_may_use(tmp_path, two_cpus):
     assert server.cpu_share(alone, 'node1:2222', cgroup_root(
         tmp_path / 'eight', 8)) == (2, '2 CPUs (affinity) shared by 1 tasks '
                                        'on node1')
+
+
+@pytest.mark.parametrize('environ, nodes, given', [
+    # No GPU given: TensorFlow's and CUDA's images set these.
+    ({}, [], None),
+    ({'NVIDIA_VISIBLE_DEVICES': 'all'}, [], None),
+    ({'NVIDIA_VISIBLE_DEVICES': 'void', 'CUDA_VISIBLE_DEVICES': '-1'}, [],
+     None),
+    ({'NVIDIA_VISIBLE_DEVICES': 'none', 'CUDA_VISIBLE_DEVICES': ''}, [],
+     None),
+    # Kubernetes' device plugin, by index or UUID; Slurm's --gres.
+    ({'NVIDIA_VISIBLE_DEVICES': '0'}, [], 'NVIDIA_VISIBLE_DEVICES=0'),
+    ({'NVIDIA_VISIBLE_DEVICES': 'GPU-8a1f'}, [],
+     'NVIDIA_VISIBLE_DEVICES=GPU-8a1f'),
+    ({'CUDA_VISIBLE_DEVICES': '0,1', 'SLURM_STEP_GPUS': '0,1'}, [],
+     'CUDA_VISIBLE_DEVICES=0,1'),
+    ({'SLURM_JOB_GPUS': '3'}, [], 'SLURM_JOB_GPUS=3'),
+    # A host's device nodes; nvidiactl alone is no GPU.
+    ({}, ['nvidiactl', 'nvidia1', 'nvidia0'], 'nvidia0'),
+    ({}, ['nvidiactl', 'nvidia-uvm'], None),
+])
+def test_a_gpu_given_to_a_task(tmp_path, environ, nodes, given):
+    for name in nodes:
+        (tmp_path / name).write_text('')
+    found = server.gpu_given(environ, str(tmp_path))
+    assert found == (given and given.replace(
+        'nvidia0', str(tmp_path / 'nvidia0')))
+
+
+# TensorFlow's own texts of a GPU's failures as a server or session makes
+# its CUDA context (TF 1.x to 2.x).
+@pytest.mark.parametrize('message, cause', [
+    ('CUDA runtime implicit initialization on GPU:0 failed. Status: out of '
+     'memory', 'out of memory as it made its CUDA context'),
+    ('failed initializing StreamExecutor for CUDA device ordinal 0: '
+     'Internal: failed call to cuDevicePrimaryCtxRetain: '
+     'CUDA_ERROR_OUT_OF_MEMORY: out of memory; total memory reported: '
+     '85031485440', 'out of memory as it made its CUDA context'),
+    ('CUDA runtime implicit initialization on GPU:0 failed. Status: '
+     'all CUDA-capable devices are busy or unavailable',
+     'busy: another process holds it, in exclusive-process mode'),
+    ('failed initializing StreamExecutor for CUDA device ordinal 0: '
+     'INTERNAL: failed call to cuDevicePrimaryCtxRetain: '
+     'CUDA_ERROR_DEVICE_UNAVAILABLE: CUDA-capable device(s) is/are busy or '
+     'unavailable', 'busy: another process holds it, in exclusive-process '
+                    'mode'),
+    ('CUDA runtime implicit initialization on GPU:0 failed. Status: CUDA '
+     'driver version is insufficient for CUDA runtime version',
+     'its driver is older than the CUDA of TensorFlow'),
+    ('failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: '
+     'CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: system has unsupported display '
+     'driver / cuda driver combination',
+     'its driver is older than the CUDA of TensorFlow'),
+    ("Cannot assign a device for operation MatMul: Could not satisfy "
+     "explicit device specification '/job:ps/replica:0/task:0/device:GPU:0'",
+     None),
+])
+def test_a_gpus_own_failures(message, cause):
+    found = server.gpu_failure(message)
+    assert (found and found[0]) == cause

@@ -207,14 +207,17 @@ def tail(folder, name):
         return str(e)
 
 
-def example(name, small_data, tmp_path):
+def example(name, small_data, tmp_path, gpus=False):
     """An sbatch example as a user would adapt it: the data dir, the log
-    dir, and a short run."""
+    dir, and a short run; the GPUs that --gres gives here are stand-ins,
+    which TensorFlow cannot use: on the CPU (--gpu_jobs=), unless
+    `gpus`."""
     with open(os.path.join(REPO, 'examples', name)) as f:
         script = f.read()
     return (script.replace('$HOME/mnist', small_data)
             .replace('$HOME/runs', str(tmp_path / 'runs'))
-            .replace('--epochs=50', '--epochs=3 --validation_size=100'))
+            .replace('--epochs=50', '--epochs=3 --validation_size=100'
+                     + ('' if gpus else ' --gpu_jobs=')))
 
 
 def tasks_of(output):
@@ -254,9 +257,9 @@ def test_example_on_nodes_that_do_not_sort(slurm, small_data, tmp_path):
                                     for i in range(3)] == [NODES[0]] * 2 + [
                                         NODES[1]] * 2
     # Each worker sees its node's two GPUs, as --gres=gpu:2 hands them to
-    # every task there; none of them is one that TensorFlow finds here.
+    # every task there; --gpu_jobs= keeps it off them.
     assert sorted(re.findall(
-        r'^/job:worker/task:(\d+): on the CPU: no GPU found '
+        r'^/job:worker/task:(\d+): on the CPU: --gpu_jobs= '
         r'\(CUDA_VISIBLE_DEVICES=(\S+)\)$', output, re.M)) == [
             ('0', '0,1'), ('1', '0,1'), ('2', '0,1')], output
     assert slurm.tasks_left() == []
@@ -290,7 +293,7 @@ def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path):
     assert [node for _, node in by_rank] == NODES + NODES[:2]
     # The one GPU of --gres=gpu:1 for each worker, one a node.
     assert sorted(re.findall(
-        r'^/job:worker/task:(\d+): on the CPU: no GPU found '
+        r'^/job:worker/task:(\d+): on the CPU: --gpu_jobs= '
         r'\(CUDA_VISIBLE_DEVICES=(\S+)\)$', output, re.M)) == [
             (str(i), '0') for i in range(4)], output
     # The evaluator is no task of the cluster the others share; it measured
@@ -307,6 +310,25 @@ def test_two_ps_dealt_out_cyclic(slurm, small_data, tmp_path):
     exported = re.findall(r'^(\S+): exported the model at global_step=(\d+)',
                           output, re.M)
     assert exported == [('/job:evaluator/task:0', str(step))], output
+    assert slurm.tasks_left() == []
+
+
+def test_gpus_that_tensorflow_cannot_use_end_the_workers(slurm, small_data,
+                                                         tmp_path):
+    # The example as it is: its workers given the stand-in GPUs of --gres,
+    # which TensorFlow cannot use, end at start-up, each saying so; the ps
+    # hears why, and leaves.
+    status, output = slurm.submit(example('slurm-async.sbatch', small_data,
+                                          tmp_path, gpus=True))
+    assert status != 0, output
+    given = re.findall(r'^/job:worker/task:(\d): error: given a GPU '
+                       r'\(CUDA_VISIBLE_DEVICES=0,1\) that TensorFlow cannot '
+                       r'use: .+ or train on the CPU: --gpu_jobs=$', output,
+                       re.M)
+    assert sorted(given) == ['0', '1', '2'], output
+    assert re.search(r'^/job:ps/task:0: every worker has ended; ', output,
+                     re.M), output
+    assert 'Traceback' not in output
     assert slurm.tasks_left() == []
 
 

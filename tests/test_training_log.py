@@ -200,3 +200,44 @@ def test_without_a_logdir_nothing_is_written(tmp_path, capsys, monkeypatch):
                         r'local_steps=50, global_step=50, .*\n'
                         r'worker=0, gradients=50, .*\n',
                         capsys.readouterr().out)
+
+
+def test_the_chief_says_how_far_the_run_is_and_how_long_it_has_left(
+        capsys, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(training_log_module, 'time',
+                        types.SimpleNamespace(monotonic=lambda: now[0]))
+    with chief() as (sv, sess):
+        # Its own 3 epochs of 10 steps, as the book's async workers walk.
+        log = TrainingLog(sv, sess, 0, 0, accuracy_on, MNIST,
+                          Staleness(drops_stale=False), epochs=3,
+                          steps_per_epoch=10)
+        capsys.readouterr()
+        now[0] += 1
+        log.step(2, 1, 2.0, 0)  # the first epoch begins
+        now[0] += 1
+        log.step(9, 5, 2.0, 0)  # the same epoch: nothing
+        now[0] += 1
+        log.step(20, 10, 2.0, 0)  # the second: 20 steps left, at 10 a
+        #                         second
+        assert capsys.readouterr().out == (
+            'worker=0, global_step=2, local_step=1, 1 steps/s, epoch 1 of 3, '
+            '29 s left\n'
+            'worker=0, global_step=20, local_step=10, 3 steps/s, epoch 2 of '
+            '3, 6 s left\n')
+        # A run that ends at a global step, sync's: 600, at its global pace
+        # from where it started, 100; 130 global steps in 1 s of its own.
+        log = TrainingLog(sv, sess, 100, 0, accuracy_on, MNIST,
+                          Staleness(drops_stale=True), epochs=3,
+                          steps_per_epoch=200, last_step=600)
+        capsys.readouterr()
+        now[0] += 1
+        log.step(230, 130, 2.0, 0)
+        assert capsys.readouterr().out == (
+            'worker=0, global_step=230, local_step=130, 130 steps/s, epoch 2 '
+            'of 3, 3 s left\n')
+        # Slower since: 140 global steps in 101 s, 360 to go.
+        now[0] += 100
+        log.step(240, 131, 2.0, 0)
+        assert capsys.readouterr().out.endswith(
+            ', epoch 2 of 3, 4 min 20 s left\n')
