@@ -364,7 +364,7 @@ class Task:
                 'with CUDA (the Dockerfile\'s --build-arg '
                 'TF_EXTRAS=and-cuda) or pip install \'tensorflow[and-cuda]\', '
                 'or train on the CPU: --gpu_jobs=' % (
-                    self.gpu_given, server.why_no_gpu().rstrip('.')))
+                    self.gpu_given, server.why_no_gpu()))
 
     def check_gpu(self, task_server, job, index):
         """Ends this task, status 1, if it cannot use its GPU, in one line

@@ -52,15 +52,20 @@ def counters(num_workers, ps_tasks):
     worker was found gone; `farewell`, why the ps ends on purpose; and
     `reasons`, why each worker that LEFT did."""
     beats, departures, farewells, reasons = [], [], [], []
+
+    def variable(value, name):
+        # The same kind in every process, however far it has set TensorFlow
+        # up: a worker tells why it ends from its first checks on.
+        return tf.Variable(value, name=name, use_resource=False)
     for k in ps_tasks:
         with tf.device('/job:ps/task:%d' % k):
-            beats.append(tf.Variable(tf.zeros([num_workers], tf.int64),
-                                     name='liveness/beats_%d' % k))
-            departures.append(tf.Variable(tf.zeros([num_workers], tf.int64),
-                                          name='liveness/departures_%d' % k))
-            farewells.append(tf.Variable('', name='liveness/farewell_%d' % k))
-            reasons.append(tf.Variable(tf.fill([num_workers], ''),
-                                       name='liveness/reasons_%d' % k))
+            beats.append(variable(tf.zeros([num_workers], tf.int64),
+                                  'liveness/beats_%d' % k))
+            departures.append(variable(tf.zeros([num_workers], tf.int64),
+                                       'liveness/departures_%d' % k))
+            farewells.append(variable('', 'liveness/farewell_%d' % k))
+            reasons.append(variable(tf.fill([num_workers], ''),
+                                    'liveness/reasons_%d' % k))
     return beats, departures, farewells, reasons
 
 

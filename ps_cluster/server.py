@@ -137,9 +137,10 @@ def why_no_gpu(timeout=120):
     said = []
     for line in ran.stderr.splitlines():
         logged = LOG_LINE.match(line)
+        words = logged and logged.group(2).rstrip('.')
         if logged and re.match(r'(cu|gpu_)', logged.group(1)) and (
-                logged.group(2) not in said):
-            said.append(logged.group(2))
+                words not in said):
+            said.append(words)
     return '; '.join(said) or 'TensorFlow found no GPU'
 
 

@@ -112,6 +112,16 @@ def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
         with pytest.raises(exits.TaskFailed) as failed:
             task.check_gpu(small_model.server(spec, 'ps', 0), 'ps', 0)
         lines = capsys.readouterr().out
+        # A GPU's own failure, in TensorFlow's words as a server makes its
+        # context; and an error that is none.
+        task.gpu_name = 'NVIDIA H200'
+        own = task.gpu_line(tf.errors.InternalError(
+            None, None, 'CUDA runtime implicit initialization on GPU:0 '
+            'failed. Status: out of memory'))
+        other = task.gpu_line(tf.errors.UnavailableError(
+            None, None, 'Socket closed'))
+    finally:
+        cluster_utils.FLAGS.unparse_flags()
     # None of a GPU's own failures: TensorFlow's line, the cap it asked
     # for, and the way out.
     assert re.fullmatch(
@@ -119,20 +129,13 @@ def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
         r'asked for at most 0\.25 of its memory \(--gpu_memory_fraction\): '
         r'keep the ps tasks off the GPUs \(--gpu_jobs\)',
         failed.value.message), failed.value.message
-    # A GPU's own, from TensorFlow's words as a server makes its context.
-    task.gpu_name = 'NVIDIA H200'
-    assert task.gpu_line(tf.errors.InternalError(
-        None, None, 'CUDA runtime implicit initialization on GPU:0 failed. '
-        'Status: out of memory')) == (
+    assert own == (
         'cannot use GPU 0 (NVIDIA H200): out of memory as it made its CUDA '
         'context (CUDA runtime implicit initialization on GPU:0 failed. '
         'Status: out of memory); it asked for at most 0.25 of its memory '
         '(--gpu_memory_fraction): fewer tasks a GPU, or a cap on each '
         '(--gpu_memory_fraction)')
-    assert task.gpu_line(tf.errors.UnavailableError(
-        None, None, 'Socket closed')) is None
-    finally:
-        cluster_utils.FLAGS.unparse_flags()
+    assert other is None
     # Its first lines said where it would compute.
     assert re.search(r'^/job:ps/task:0: on (the CPU: no GPU found|GPU \d+ '
                      r'of \d+, GPU task 1 of 3 on localhost; memory as it '
