@@ -273,6 +273,8 @@ class Task:
         self.config = server.session_config(
             self.job_name, self.index, self.gpu, FLAGS.gpu_memory_fraction,
             threads)
+        # This worker's slot on the ps tasks, as it marks it.
+        self.slot = liveness.Slot()
         self.min_workers = FLAGS.min_workers or len(self.cluster['worker'])
         self.elastic = self.min_workers < len(self.cluster['worker'])
         self._check_min_workers(coordinator)
@@ -347,8 +349,10 @@ class Task:
             gpu, rank, count = server.deal_gpu(users, self.address, num_gpus)
             dealt = ', GPU task %d of %d on %s' % (
                 rank + 1, count, self.address.rpartition(':')[0])
-        self.gpu_name = tf.config.experimental.get_device_details(
-            gpus[gpu]).get('device_name', '')
+        # TensorFlow 1.15 has no word for a GPU's name.
+        details = getattr(tf.config.experimental, 'get_device_details',
+                          lambda gpu: {})
+        self.gpu_name = details(gpus[gpu]).get('device_name', '')
         print('%s: on GPU %d of %d%s%s; memory as it needs it'
               % (self.name, gpu, num_gpus, seen or '', dealt) + (cap or ''),
               flush=True)
@@ -401,7 +405,8 @@ class Task:
         for an evaluator."""
         if self.logdir:
             self.logdir.say(CHIEF_LEFT, reason)
-        liveness.say_left(self.place.cluster, self.index, reason, secs)
+        liveness.say_left(self.place.cluster, self.index, reason, secs,
+                          self.slot)
 
     def serve(self, ps_server):
         """server.join() for a ps task, but it ends: once every worker has
@@ -479,11 +484,12 @@ class Task:
     def training_session(self, sv, worker_server, last_step, tokens=None):
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
         are up, in a session that outlives a lost ps (docs/design.md); sync's
-        `tokens` start the chief's updates in each new session. A worker
-        other than the chief that comes once the run is over, its global
-        step at last_step (a late worker of an elastic run, one started
-        again too late), says so and ends the task, status 0: as the
-        chief's marker in --logdir says, or the global step on the ps."""
+        `tokens` start the chief's updates in each new session. In an
+        elastic run, a worker other than the chief that comes once the run
+        is over, its global step at last_step, says so and ends the task,
+        status 0: as the chief's marker in --logdir says, or the global
+        step on the ps (without --min_workers, it measures the model as
+        any worker does at the end)."""
         self.check_gpu(worker_server, 'worker', self.index)
         self._came_after_the_end(self._marked_end(), last_step)
         # Its threads' failures raised in the main thread, which is ended
@@ -494,7 +500,8 @@ class Task:
         creator = SessionCreator(sv, worker_server, self.config, self.place,
                                  [tokens] if tokens else [], watch,
                                  FLAGS.startup_timeout,
-                                 FLAGS.preemption_grace, self.logdir, tokens)
+                                 FLAGS.preemption_grace, self.logdir, tokens,
+                                 self.slot)
         try:
             sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
         except TaskFailed as e:
@@ -505,7 +512,7 @@ class Task:
                 raise TaskFailed('%s; the run may have ended before this '
                                  'worker came' % e.message)
             raise
-        if not self.is_chief:
+        if self.elastic and not self.is_chief:
             self._came_after_the_end(sess.run(sv.global_step), last_step,
                                      sess)
         # From now on a ps that does not answer is lost, not late: one try.
@@ -518,8 +525,9 @@ class Task:
 
     def _marked_end(self):
         """The global step at which the chief ended its run, from its marker
-        in --logdir, for a worker other than the chief; else None."""
-        if not self.is_chief and FLAGS.logdir:
+        in --logdir, for a worker of an elastic run other than the chief;
+        else None."""
+        if self.elastic and not self.is_chief and FLAGS.logdir:
             return marker(FLAGS.logdir, CHIEF_DONE, 0)
         return None
 

@@ -540,12 +540,12 @@ class Log:
         """After an epoch, at global step `step`: how far the run is, and
         how long it has left at its pace; the summaries of values."""
         last = self.epochs and self.epochs * self.steps_per_epoch
-        if last and step < last:
-            pace = (step - self.start) / (time.monotonic() - self.started)
+        pace = (step - self.start) / (time.monotonic() - self.started)
+        if last and step < last and pace > 0:
             print('worker=%d, global_step=%d, %.0f steps/s, epoch %d of %d, '
                   '%s' % (self.index, step, pace, step // self.steps_per_epoch
-                          + 1, self.epochs, time_left((last - step) / pace)
-                          if pace > 0 else 'time left unknown'), flush=True)
+                          + 1, self.epochs, time_left((last - step) / pace)),
+                  flush=True)
         self._summaries(step, **values)
 
     def _summaries(self, step, **values):

@@ -69,27 +69,22 @@ def counters(num_workers, ps_tasks):
     return beats, departures, farewells, reasons
 
 
-class _Left:
-    """The slots this process marked LEFT, (ps addresses, worker index),
-    behind a lock that a Watchdog's first beat takes too: a worker given
-    SIGTERM as its first beat is on its way must read LEFT after both."""
+class Slot:
+    """A worker's own slot on the ps tasks as its process marks it: its
+    first beat and LEFT one at a time, LEFT for good: a worker told to
+    leave (SIGTERM, from the signals' thread) as its first beat is on its
+    way must read LEFT after both."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.slots = set()
+        self.left = False
 
 
-_LEFT = _Left()
-
-
-def _slot(cluster, task_index):
-    return tuple(cluster.job_tasks('ps')), task_index
-
-
-def say_left(cluster, task_index, reason, secs=0):
+def say_left(cluster, task_index, reason, secs=0, slot=None):
     """Marks worker task_index LEFT, with its reason, on each ps task that
     answers, trying again for secs those not up yet, in sessions of its
-    own: from a worker that has no server or Watchdog yet too."""
+    own: from a worker that has no server or Watchdog yet too; `slot`, its
+    Slot, if it has one."""
     def mark(beats, departures, farewell, reasons):
         # The reason first: LEFT is what the others act on.
         with tf.control_dependencies([tf.scatter_update(
@@ -105,8 +100,9 @@ def say_left(cluster, task_index, reason, secs=0):
                     _run_on_ps(cluster, k, mark) is not None):
                 untold.remove(k)
         return not untold
-    with _LEFT.lock:
-        _LEFT.slots.add(_slot(cluster, task_index))
+    slot = slot or Slot()
+    with slot.lock:
+        slot.left = True
         poll(tell_those_up, secs, 0.2)
 
 
@@ -194,7 +190,7 @@ class Watchdog(tf.train.LooperThread):
     StallWatch) the global step once this worker trains in `sess`.
     A worker gone is named once if sync's `tokens` say it is not done;
     after a lost ps, a sync worker's Watchdog puts in tokens until the main
-    thread recovers.
+    thread recovers. `slot`: this worker's Slot.
     """
 
     # A beat each; the recovery's attempts too. Ten missed make GONE_SECS.
@@ -203,10 +199,10 @@ class Watchdog(tf.train.LooperThread):
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
 
     def __init__(self, coord, global_step, server, config, place, watch,
-                 deadline, tokens=None):
+                 deadline, tokens=None, slot=None):
         super().__init__(coord, self.POLL_SECS)
         self.coord, self.global_step, self.place = coord, global_step, place
-        self.watch, self.tokens = watch, tokens
+        self.watch, self.tokens, self.slot = watch, tokens, slot or Slot()
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
         self.sess = None
@@ -243,9 +239,8 @@ class Watchdog(tf.train.LooperThread):
             try:
                 with self.watch.calling('the first beat',
                                         deadline=deadline):
-                    with _LEFT.lock:
-                        if _slot(place.cluster,
-                                 place.index) not in _LEFT.slots:
+                    with self.slot.lock:
+                        if not self.slot.left:
                             self.session.run(self.come_op)
                     return [self.session.run(self.departures)]
             except tf.errors.FailedPreconditionError:

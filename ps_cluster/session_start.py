@@ -18,8 +18,8 @@ class SessionCreator(tf.train.SessionCreator):
     """Creates the Supervisor's sessions, on this worker's `server` (at
     `place`), once the ps tasks answer, each with a Watchdog beating for
     this worker from before it waits for the model, and each of `hooks`
-    told of it. The main thread's calls into TensorFlow are told to `watch`
-    (a StallWatch). The chief (`logdir`, a Logdir) saves checkpoints every
+    told of it; `slot`, this worker's liveness.Slot. The main thread's calls
+    into TensorFlow are told to `watch` (a StallWatch). The chief (`logdir`, a Logdir) saves checkpoints every
     save_checkpoint_secs, a last one as it closes, and, for a preemption,
     one within preemption_grace.
 
@@ -33,11 +33,12 @@ class SessionCreator(tf.train.SessionCreator):
 
     def __init__(self, sv, server, config, place, hooks, watch,
                  startup_timeout, preemption_grace, logdir=None,
-                 tokens=None):
+                 tokens=None, slot=None):
         self.sv, self.server, self.config, self.place = (sv, server, config,
                                                          place)
         self.hooks, self.watch, self.logdir, self.tokens = (hooks, watch,
                                                             logdir, tokens)
+        self.slot = slot
         self.startup_timeout = startup_timeout
         self.preemption_grace = preemption_grace
         self.session = None  # the last one created
@@ -175,7 +176,7 @@ class SessionCreator(tf.train.SessionCreator):
     def _watchdog(self, coord, deadline, made):
         watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
                                      self.config, self.place, self.watch,
-                                     deadline, self.tokens)
+                                     deadline, self.tokens, self.slot)
         made += [watchdog.join, watchdog.session.close]
         return watchdog
 

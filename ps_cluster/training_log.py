@@ -92,14 +92,15 @@ class TrainingLog:
             pace = (global_step - self.first_global_step) / (
                 now - self.started)
         epoch = min(self.epochs, int(done * self.epochs) + 1)
-        if epoch == self.epoch and (
+        # No pace yet: a sync worker's first step may read the step before.
+        if pace <= 0 or epoch == self.epoch and (
                 now - self.last_progress < self.PROGRESS_EVERY_SECS):
             return ''
         self.epoch = epoch
         left = (1 - done) * (self.epochs * self.steps_per_epoch
                              if self.last_step is None else self.last_step)
-        return ', epoch %d of %d, %s' % (epoch, self.epochs, time_left(
-            left / pace) if pace > 0 else 'time left unknown')
+        return ', epoch %d of %d, %s' % (epoch, self.epochs,
+                                         time_left(left / pace))
 
     def accuracies(self, global_step):
         """Beside the book's epoch line: the chief's validation and test

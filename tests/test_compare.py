@@ -84,6 +84,10 @@ def test_straggler_table_and_chart(procs, tmp_path, free_port_run,
     assert left_running(launcher) == []
     assert re.search(r'^sync: .*, worker 2 20 ms slower a step, logs in ',
                      output, re.M)
+    # Each run's chief said how far it was, and how long it had left.
+    assert len(re.findall(r'^worker=0, global_step=\d+, local_step=\d+, \d+ '
+                          r'steps/s, epoch 6 of 6, (?:\d+ min )?\d+ s left$',
+                          output, re.M)) == 3, output
     rows = re.findall(r'^\| (async|sync|backup) \| (\d|all) \| (.*) \|$',
                       output, re.M)
     assert [(run, w) for run, w, _ in rows] == [

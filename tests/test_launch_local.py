@@ -72,8 +72,12 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
     last = 90 if script == 'async' else 30
     assert re.search(r'^evaluator: global_step=%d, ' % last, output, re.M)
     assert os.listdir(tmp_path / 'export') == [str(last)]
-    # The training lines were shown as they came, the chatter was not.
+    # The training lines were shown as they came, the chatter was not;
+    # the chief's said how far the run was, each epoch.
     assert set(final_accuracies(output)) == {0, 1, 2}
+    assert [int(epoch) for epoch in re.findall(
+        r'^worker=0, global_step=\d+, local_step=\d+, \d+ steps/s, epoch '
+        r'(\d) of 3, (?:\d+ min )?\d+ s left$', output, re.M)] == [1, 2, 3]
     assert 'oneDNN' not in output
     assert left_running(launcher) == []
     assert listeners(range(base, base + 4)) == []

@@ -136,7 +136,7 @@ class Tokens:
 
 @contextlib.contextmanager
 def watchdog(cluster, index, startup_timeout=10, on_step=None,
-             on_departure=None, training=False):
+             on_departure=None, training=False, slot=None):
     """Worker `index`'s Watchdog, on a server of its own, beside the
     Supervisor of a model that is its global step alone; with `training`,
     watching a session in which the model is initialized. Stopped at the
@@ -153,7 +153,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
                             config, sources.Place(cluster, 'worker', index),
                             Watch(on_step),
                             Deadline(startup_timeout, '--startup_timeout'),
-                            on_departure and Tokens(on_departure))
+                            on_departure and Tokens(on_departure), slot)
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:
         if training:
@@ -263,8 +263,9 @@ def test_a_worker_told_to_leave_as_it_first_beats_stays_left(shared_cluster):
     # worker anew.
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
-    liveness.say_left(cluster, 1, 'left on SIGTERM (a scale-down)')
-    with watchdog(cluster, 1):
+    slot = liveness.Slot()
+    liveness.say_left(cluster, 1, 'left on SIGTERM (a scale-down)', 0, slot)
+    with watchdog(cluster, 1, slot=slot):
         pass
     beats, reasons = beats_and_reasons(cluster, 0)
     assert liveness.has_left(beats[1])

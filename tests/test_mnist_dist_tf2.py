@@ -79,6 +79,11 @@ def test_goes_on_from_a_tf1_run(procs, free_ports, small_data, tmp_path,
     assert abs(float(accuracy) - float(tf1_accuracy)) <= 0.005
     [(step, path, exported)] = EXPORTED.findall(tf2)
     assert step == '120'
+    # After each epoch but the last, of 30 global steps (10 of each of 3
+    # workers), how far the run is and how long it has left.
+    assert re.findall(r'^worker=0, global_step=\d+, \d+ steps/s, epoch (\d) '
+                      r'of 4, (?:\d+ min )?\d+ s left$', tf2, re.M) == [
+        str(epoch) for epoch in range(int(start) // 30 + 2, 5)], tf2
     assert final_accuracies(tf2) == {0: float(exported)}
     assert float(exported) > 0.9
     assert served_accuracy(path, small_data) == float(exported)
