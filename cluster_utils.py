@@ -483,7 +483,7 @@ class Task:
 
     def training_session(self, sv, worker_server, last_step, tokens=None):
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
-        are up, in a session that outlives a lost ps (docs/design.md); sync's
+        are up, in a session that outlives a lost ps (ps_cluster/README.md); sync's
         `tokens` start the chief's updates in each new session. In an
         elastic run, a worker other than the chief that comes once the run
         is over, its global step at last_step, says so and ends the task,

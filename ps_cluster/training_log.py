@@ -35,8 +35,7 @@ class TrainingLog:
                  mnist, staleness, staleness_dir=None, placement=(),
                  epochs=None, steps_per_epoch=None, last_step=None):
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
-        self.last_step, self.first_global_step = last_step, global_step
-        self.epoch = None
+        self.last_step, self.epoch, self.first = last_step, None, None
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.staleness, self.staleness_dir = staleness, staleness_dir
@@ -84,23 +83,22 @@ class TrainingLog:
         epoch has begun or PROGRESS_EVERY_SECS have passed; else ''."""
         if self.index or not self.epochs:
             return ''
-        if self.last_step is None:
-            done = self.local_step / (self.epochs * self.steps_per_epoch)
-            pace = self.local_step / (now - self.started)
-        else:
-            done = global_step / self.last_step
-            pace = (global_step - self.first_global_step) / (
-                now - self.started)
-        epoch = min(self.epochs, int(done * self.epochs) + 1)
-        # No pace yet: a sync worker's first step may read the step before.
+        # The pace from its first run on: that one waits for the
+        # connections to open.
+        step = global_step if self.last_step else self.local_step
+        if self.first is None:
+            self.first = now, step
+            return ''
+        pace = (step - self.first[1]) / max(now - self.first[0], 1e-9)
+        last = self.last_step or self.epochs * self.steps_per_epoch
+        epoch = min(self.epochs, step * self.epochs // last + 1)
+        # No pace yet: a sync worker's step may read the one before.
         if pace <= 0 or epoch == self.epoch and (
                 now - self.last_progress < self.PROGRESS_EVERY_SECS):
             return ''
         self.epoch = epoch
-        left = (1 - done) * (self.epochs * self.steps_per_epoch
-                             if self.last_step is None else self.last_step)
         return ', epoch %d of %d, %s' % (epoch, self.epochs,
-                                         time_left(left / pace))
+                                         time_left((last - step) / pace))
 
     def accuracies(self, global_step):
         """Beside the book's epoch line: the chief's validation and test

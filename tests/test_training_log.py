@@ -213,31 +213,35 @@ def test_the_chief_says_how_far_the_run_is_and_how_long_it_has_left(
                           Staleness(drops_stale=False), epochs=3,
                           steps_per_epoch=10)
         capsys.readouterr()
+        now[0] += 5
+        log.step(2, 1, 2.0, 0)  # its first run waited for the connections
         now[0] += 1
-        log.step(2, 1, 2.0, 0)  # the first epoch begins
+        log.step(9, 5, 2.0, 0)  # the first epoch: 25 steps left, at 4 a s
         now[0] += 1
-        log.step(9, 5, 2.0, 0)  # the same epoch: nothing
+        log.step(12, 7, 2.0, 0)  # the same epoch: nothing
         now[0] += 1
-        log.step(20, 10, 2.0, 0)  # the second: 20 steps left, at 10 a
-        #                         second
+        log.step(20, 10, 2.0, 0)  # the second: 20 left, at 3 a second
         assert capsys.readouterr().out == (
-            'worker=0, global_step=2, local_step=1, 1 steps/s, epoch 1 of 3, '
-            '29 s left\n'
-            'worker=0, global_step=20, local_step=10, 3 steps/s, epoch 2 of '
-            '3, 6 s left\n')
-        # A run that ends at a global step, sync's: 600, at its global pace
-        # from where it started, 100; 130 global steps in 1 s of its own.
+            'worker=0, global_step=9, local_step=5, 1 steps/s, epoch 1 of 3, '
+            '6 s left\n'
+            'worker=0, global_step=20, local_step=10, 1 steps/s, epoch 2 of '
+            '3, 7 s left\n')
+        # A run that ends at a global step, sync's: 600, at its global
+        # pace.
         log = TrainingLog(sv, sess, 100, 0, accuracy_on, MNIST,
                           Staleness(drops_stale=True), epochs=3,
                           steps_per_epoch=200, last_step=600)
         capsys.readouterr()
         now[0] += 1
         log.step(230, 130, 2.0, 0)
+        now[0] += 1
+        log.step(360, 131, 2.0, 0)  # 130 a second, 240 to go
         assert capsys.readouterr().out == (
-            'worker=0, global_step=230, local_step=130, 130 steps/s, epoch 2 '
-            'of 3, 3 s left\n')
-        # Slower since: 140 global steps in 101 s, 360 to go.
+            'worker=0, global_step=360, local_step=131, 66 steps/s, epoch 2 '
+            'of 3, 2 s left\n')
+        # Slower since: 140 global steps in 101 s, 230 to go; a line, 10 s
+        # after the last.
         now[0] += 100
-        log.step(240, 131, 2.0, 0)
+        log.step(370, 132, 2.0, 0)
         assert capsys.readouterr().out.endswith(
-            ', epoch 2 of 3, 4 min 20 s left\n')
+            ', epoch 2 of 3, 2 min 46 s left\n')
