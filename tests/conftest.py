@@ -219,6 +219,26 @@ def fashion_mnist():
     return FASHION_MNIST
 
 
+@contextlib.contextmanager
+def small_disks(folders, size):
+    """Each of folders (made here) a tmpfs of `size` ('64k') while the
+    block runs, a disk that fills up; the test skips where none can be
+    mounted (root only)."""
+    mounted = []
+    try:
+        for folder in folders:
+            folder.mkdir()
+            if os.geteuid() or subprocess.run(
+                    ['mount', '-t', 'tmpfs', '-o', 'size=' + size, 'tmpfs',
+                     str(folder)]).returncode:
+                pytest.skip('cannot mount a small tmpfs here (root only)')
+            mounted.append(folder)
+        yield folders
+    finally:
+        for folder in mounted:
+            subprocess.run(['umount', '-l', str(folder)])
+
+
 def _output_file(path):
     """An empty file for a task's output, opened to append: the task shares
     its offset, which the test's reads move, and writes at the end all the

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import (SCRIPTS, SHORT_RUN, START_UP, assert_clean_exit,
                       assert_one_error_line, evaluations, final_accuracies,
-                      listening)
+                      listening, small_disks)
 from launcher.compare import TIMING
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -491,24 +491,13 @@ def test_full_logdir_costs_checkpoints_not_training(procs, free_ports,
     # A file system that fills up after the first checkpoint or so, for each
     # script, side by side.
     logdirs = {script: tmp_path / script for script in SCRIPTS}
-    mounted = []
-    try:
-        for logdir in logdirs.values():
-            logdir.mkdir()
-            if os.geteuid() or subprocess.run(
-                    ['mount', '-t', 'tmpfs', '-o', 'size=300k', 'tmpfs',
-                     str(logdir)]).returncode:
-                pytest.skip('cannot mount a small tmpfs here (root only)')
-            mounted.append(logdir)
+    with small_disks(logdirs.values(), '300k'):
         outputs = run(procs, free_ports, {
             script: (script, ['--data_dir=' + small_data,
                               '--logdir=' + str(logdir),
                               '--save_checkpoint_secs=0.5', '--epochs=60',
                               '--validation_size=100', '--step_delay_ms=10'])
             for script, logdir in logdirs.items()}, timeout=180)
-    finally:
-        for logdir in mounted:
-            subprocess.run(['umount', '-l', str(logdir)])
     for script, logdir in logdirs.items():
         for i, output in enumerate(outputs[script]):
             assert i in final_accuracies(output)

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import REPO, START_UP, assert_clean_exit, final_accuracies
+from conftest import (REPO, START_UP, assert_clean_exit, final_accuracies,
+                      small_disks)
 
 pytestmark = pytest.mark.slow  # not in the fast tier
 
@@ -378,22 +379,11 @@ log.final(1000, 0.5)
 
 def test_summaries_on_a_full_disk_cost_the_summaries(tmp_path):
     folders = [tmp_path / 'full', tmp_path / 'filling']
-    mounted = []
-    try:
-        for folder in folders:
-            folder.mkdir()
-            if os.geteuid() or subprocess.run(
-                    ['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs',
-                     str(folder)]).returncode:
-                pytest.skip('cannot mount a small tmpfs here (root only)')
-            mounted.append(folder)
+    with small_disks(folders, '64k'):
         ran = subprocess.run([sys.executable, '-c', SUMMARIES,
                               *map(str, folders)], cwd=REPO,
                              capture_output=True, text=True, timeout=START_UP,
                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
-    finally:
-        for folder in mounted:
-            subprocess.run(['umount', '-l', str(folder)])
     assert ran.returncode == 0, ran.stderr
     assert [line.split(', train_seconds')[0] for line in
             ran.stdout.splitlines()] == [

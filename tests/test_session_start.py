@@ -9,14 +9,13 @@ the live model there: test_logdir.py and test_recoverable_session.py)."""
 import contextlib
 import os
 import re
-import subprocess
 import threading
 import time
 
 import pytest
 
 from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
-                      assert_one_error_line)
+                      assert_one_error_line, small_disks)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -173,31 +172,26 @@ def test_a_chief_on_a_full_logdir_opens_its_session_and_says_so(
         cluster, capsys, tmp_path):
     # The logdir full before the chief starts, or as a ps restarted: the
     # graph the chief writes there costs one line, not the session.
-    if os.geteuid() or subprocess.run(['mount', '-t', 'tmpfs', '-o',
-                                       'size=64k', 'tmpfs',
-                                       str(tmp_path)]).returncode:
-        pytest.skip('cannot mount a small tmpfs here (root only)')
-    try:
-        with open(tmp_path / 'filler', 'wb', buffering=0) as filler:
+    logdir = tmp_path / 'logdir'
+    with small_disks([logdir], '64k'):
+        with open(logdir / 'filler', 'wb', buffering=0) as filler:
             with contextlib.suppress(OSError):
                 while True:
                     filler.write(bytes(4096))
-        sv, train_op = supervisor(cluster[0], 0, str(tmp_path))
-        sess = open_session(cluster, sv, 0, str(tmp_path))
+        sv, train_op = supervisor(cluster[0], 0, str(logdir))
+        sess = open_session(cluster, sv, 0, str(logdir))
         sess.run(train_op)
         sess.close()
         # Its summaries cannot be written either: said by the scripts as
         # their writer's thread fails (test_logdir.py).
         with contextlib.suppress(RuntimeError):
             sv.stop()
-    finally:
-        subprocess.run(['umount', '-l', str(tmp_path)])
     out, err = capsys.readouterr()
     assert out == 'worker=0: initialized the model\n'
     assert re.fullmatch(
         r'/job:worker/task:0: error: cannot write the graph in --logdir=%s '
         r'\(%s\.tmp\w+; No space left on device\); training goes on\n'
-        % (re.escape(str(tmp_path)), re.escape(str(tmp_path / 'graph.pbtxt'))),
+        % (re.escape(str(logdir)), re.escape(str(logdir / 'graph.pbtxt'))),
         err)
 
 
