@@ -567,15 +567,15 @@ class Task:
         where = placement.lines(
             tf.trainable_variables() + [tf.train.get_global_step()],
             self.place.tasks('ps'))
-        # How far the run is: the book's async workers each walk their own
-        # epochs; sync's, and an elastic run's, end at a global step.
+        # How far the run is: it ends at a global step, and the book's
+        # async workers each after their own epochs.
         steps_per_epoch = len(mnist.train.images) // FLAGS.batch_size
-        last_step = (FLAGS.epochs * steps_per_epoch
-                     * (1 if self.sync else len(self.cluster['worker']))
-                     if self.sync or self.elastic else None)
+        last_step = FLAGS.epochs * steps_per_epoch * (
+            1 if self.sync else len(self.cluster['worker']))
         return TrainingLog(sv, sess, global_step, self.index, accuracy_on,
                            mnist, staleness, staleness_dir, where,
-                           FLAGS.epochs, steps_per_epoch, last_step)
+                           FLAGS.epochs, steps_per_epoch, last_step,
+                           own_epochs=not (self.sync or self.elastic))
 
     def evaluate(self, model, loss_and_accuracy, mnist, last_step,
                  logdir=None):

@@ -24,18 +24,22 @@ class TrainingLog:
     written as a histogram in staleness_dir, if any, at the end; placement
     is the lines of ps_cluster/placement.py; the summaries go to the
     Supervisor's writer, the chief's. The chief's pace also says how far
-    the run is, and how long it has left at that pace: `epochs` of
-    steps_per_epoch of its own steps each, or, where the run ends at a
-    global step, `last_step`, by its global steps a second."""
+    the run is, and how long it has left at that pace: the run ends at
+    global step `last_step`, or, with `own_epochs` (the book's async
+    workers), once the chief has made its `epochs` of steps_per_epoch
+    steps, if that comes first (a resumed run's chief starts its epochs
+    again, and stops at the first to begin past last_step)."""
 
     SUMMARY_EVERY_STEPS = 50
     PROGRESS_EVERY_SECS = 10
 
     def __init__(self, sv, sess, global_step, task_index, accuracy_on,
                  mnist, staleness, staleness_dir=None, placement=(),
-                 epochs=None, steps_per_epoch=None, last_step=None):
+                 epochs=None, steps_per_epoch=None, last_step=None,
+                 own_epochs=False):
         self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
-        self.last_step, self.epoch, self.first = last_step, None, None
+        self.last_step, self.own_epochs = last_step, own_epochs
+        self.epoch = self.first = None
         self.sv, self.sess, self.index = sv, sess, task_index
         self.accuracy_on, self.mnist = accuracy_on, mnist
         self.staleness, self.staleness_dir = staleness, staleness_dir
@@ -83,22 +87,28 @@ class TrainingLog:
         epoch has begun or PROGRESS_EVERY_SECS have passed; else ''."""
         if self.index or not self.epochs:
             return ''
-        # The pace from its first run on: that one waits for the
+        # Its pace from its first run on: that one waits for the
         # connections to open.
-        step = global_step if self.last_step else self.local_step
         if self.first is None:
-            self.first = now, step
+            self.first = now, global_step, self.local_step
             return ''
-        pace = (step - self.first[1]) / max(now - self.first[0], 1e-9)
-        last = self.last_step or self.epochs * self.steps_per_epoch
-        epoch = min(self.epochs, step * self.epochs // last + 1)
+        secs = now - self.first[0]
+        # Each end: (steps made, steps to make).
+        ends = [(global_step - self.first[1], self.last_step - global_step)]
+        if self.own_epochs:
+            ends.append((self.local_step - self.first[2],
+                         self.epochs * self.steps_per_epoch - self.local_step))
+        done = max(global_step / self.last_step, self.own_epochs and (
+            self.local_step / (self.epochs * self.steps_per_epoch)))
+        epoch = min(self.epochs, int(done * self.epochs) + 1)
+        lefts = [to_make * secs / made for made, to_make in ends if made > 0]
         # No pace yet: a sync worker's step may read the one before.
-        if pace <= 0 or epoch == self.epoch and (
+        if not lefts or epoch == self.epoch and (
                 now - self.last_progress < self.PROGRESS_EVERY_SECS):
             return ''
         self.epoch = epoch
         return ', epoch %d of %d, %s' % (epoch, self.epochs,
-                                         time_left((last - step) / pace))
+                                         time_left(min(lefts)))
 
     def accuracies(self, global_step):
         """Beside the book's epoch line: the chief's validation and test

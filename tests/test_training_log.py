@@ -208,10 +208,11 @@ def test_the_chief_says_how_far_the_run_is_and_how_long_it_has_left(
     monkeypatch.setattr(training_log_module, 'time',
                         types.SimpleNamespace(monotonic=lambda: now[0]))
     with chief() as (sv, sess):
-        # Its own 3 epochs of 10 steps, as the book's async workers walk.
+        # Its own 3 epochs of 10 steps, as the book's async workers walk,
+        # in a run of 3 workers, which ends at 90 if not sooner.
         log = TrainingLog(sv, sess, 0, 0, accuracy_on, MNIST,
                           Staleness(drops_stale=False), epochs=3,
-                          steps_per_epoch=10)
+                          steps_per_epoch=10, last_step=90, own_epochs=True)
         capsys.readouterr()
         now[0] += 5
         log.step(2, 1, 2.0, 0)  # its first run waited for the connections
@@ -226,6 +227,16 @@ def test_the_chief_says_how_far_the_run_is_and_how_long_it_has_left(
             '6 s left\n'
             'worker=0, global_step=20, local_step=10, 1 steps/s, epoch 2 of '
             '3, 7 s left\n')
+        # Resumed at 80 of 90: it starts its epochs again, but the run
+        # ends at 90 first, 10 steps away at 4 a second.
+        log = TrainingLog(sv, sess, 80, 0, accuracy_on, MNIST,
+                          Staleness(drops_stale=False), epochs=3,
+                          steps_per_epoch=10, last_step=90, own_epochs=True)
+        capsys.readouterr()
+        log.step(80, 1, 2.0, 0)
+        now[0] += 1
+        log.step(84, 2, 2.0, 0)
+        assert capsys.readouterr().out.endswith(', epoch 3 of 3, 2 s left\n')
         # A run that ends at a global step, sync's: 600, at its global
         # pace.
         log = TrainingLog(sv, sess, 100, 0, accuracy_on, MNIST,
