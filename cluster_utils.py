@@ -364,10 +364,10 @@ class Task:
         ways out."""
         if self.gpu_given:
             raise TaskFailed(
-                'given a GPU (%s) that TensorFlow cannot use: %s. Use an image '
-                'with CUDA (the Dockerfile\'s --build-arg '
-                'TF_EXTRAS=and-cuda) or pip install \'tensorflow[and-cuda]\', '
-                'or train on the CPU: --gpu_jobs=' % (
+                'given a GPU (%s) that TensorFlow cannot use: %s. Use an '
+                'image with CUDA (the Dockerfile\'s --build-arg '
+                'TF_EXTRAS=and-cuda) or pip install \'tensorflow[and-cuda]\''
+                ', or train on the CPU: --gpu_jobs=' % (
                     self.gpu_given, server.why_no_gpu()))
 
     def check_gpu(self, task_server, job, index):
@@ -483,15 +483,16 @@ class Task:
 
     def training_session(self, sv, worker_server, last_step, tokens=None):
         """sv.prepare_or_wait_for_session(server.target), once the ps tasks
-        are up, in a session that outlives a lost ps (ps_cluster/README.md); sync's
-        `tokens` start the chief's updates in each new session. In an
+        are up, in a session that outlives a lost ps (ps_cluster/README.md);
+        sync's `tokens` start the chief's updates in each new session. In an
         elastic run, a worker other than the chief that comes once the run
         is over, its global step at last_step, says so and ends the task,
         status 0: as the chief's marker in --logdir says, or the global
         step on the ps (without --min_workers, it measures the model as
         any worker does at the end)."""
         self.check_gpu(worker_server, 'worker', self.index)
-        self._came_after_the_end(self._marked_end(), last_step)
+        self._came_after_the_end(self._marked_end(),
+                                 last_step)  # it may end the task
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
         watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
@@ -507,14 +508,15 @@ class Task:
         except TaskFailed as e:
             # The ps tasks leave once the run has ended: an elastic run's,
             # once the chief and the workers that came have.
-            self._came_after_the_end(self._marked_end(), last_step)
+            self._came_after_the_end(self._marked_end(),
+                                     last_step)  # it may end the task
             if self.elastic and probes.silent(self.place.cluster, 'ps'):
                 raise TaskFailed('%s; the run may have ended before this '
                                  'worker came' % e.message)
             raise
         if self.elastic and not self.is_chief:
             self._came_after_the_end(sess.run(sv.global_step), last_step,
-                                     sess)
+                                     sess)  # it may end the task
         # From now on a ps that does not answer is lost, not late: one try.
         self.end.before_leaving(self.tell)
         if self.is_chief:

@@ -18,14 +18,15 @@ class SessionCreator(tf.train.SessionCreator):
     """Creates the Supervisor's sessions, on this worker's `server` (at
     `place`), once the ps tasks answer, each with a Watchdog beating for
     this worker from before it waits for the model, and each of `hooks`
-    told of it; `slot`, this worker's liveness.Slot. The main thread's calls
-    into TensorFlow are told to `watch` (a StallWatch). The chief (`logdir`, a Logdir) saves checkpoints every
-    save_checkpoint_secs, a last one as it closes, and, for a preemption,
-    one within preemption_grace.
+    told of it; `slot`, this worker's liveness.Slot. The main thread's
+    calls into TensorFlow are told to `watch` (a StallWatch). The chief
+    (`logdir`, a Logdir) saves checkpoints every save_checkpoint_secs, a
+    last one as it closes, and, for a preemption, one within
+    preemption_grace.
 
-    The Supervisor starts no thread of its own: its coordinator, one for
-    its life, would have to be cleared for the next session, and a thread
-    of the last one could then store its failure in the new one's."""
+    None of the Supervisor's services run: its coordinator, one for its
+    life, would have to be cleared for the next session, and a thread of
+    the last one could then store its failure in the new one's."""
 
     # How long closing a preemption's session, and telling the ps tasks,
     # may each take of the grace.
@@ -274,9 +275,9 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
     deadline; the chief's `logdir` is a Logdir. The chief joins the model
     if the ps tasks hold it (a ps that never left, while the chief was
     away): newer than any checkpoint, and what Supervisor would otherwise
-    initialize again under the workers. The others wait for the model, and raise a failure a thread stores in
-    coord meanwhile, or the chief's reason once chief_left() says it
-    left."""
+    initialize again under the workers. The others wait for the model,
+    and raise a failure a thread stores in coord meanwhile, or the chief's
+    reason once chief_left() says it left."""
     if not sv.is_chief:
         return _wait_for_the_model(sv, target, config, cluster, watch, coord,
                                    deadline, chief_left)
