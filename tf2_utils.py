@@ -240,7 +240,8 @@ class Tf2Task:
                 break
             try:
                 # A frozen ps can block a read for good.
-                step = call_within(self.WORKER_CHECK_SECS, self.saved.read)
+                step = int(call_within(self.WORKER_CHECK_SECS,
+                                       self.saved.read)['global_step'])
             except (TimeoutError, tf.errors.OpError):
                 step = last
             if step != last:
@@ -422,8 +423,9 @@ class Checkpoints:
         self.source = 'new variables'
         self.manager = self.last = self.values = None
         # One save at a time, of the shared copies: the epoch's, and a
-        # preemption's from another thread.
-        self._saving = threading.Lock()
+        # preemption's from another thread; the values last read, which
+        # the join's reads write too.
+        self._saving, self._kept = threading.Lock(), threading.Lock()
         self.logdir, self.variables = logdir, variables
         # A write that fails, in one line: Logdir.failed.
         self.failed = Logdir(logdir, name).failed
@@ -455,13 +457,19 @@ class Checkpoints:
             self.source = 'the TF1 checkpoint %s' % tf1
 
     def read(self):
-        """The variables as they stand, read once each and kept: a save
-        that cannot read them (a ps behind a broken connection) saves
-        those; their global step."""
-        values = {name: tf.convert_to_tensor(variable).numpy()
-                  for name, variable in self.variables.items()}
-        self.values = values
-        return int(values['global_step'])
+        """The variables as they stand, read once each, the global step
+        first (the model holds at least its updates), and kept unless a
+        read of a later step was kept meanwhile: a save that cannot read
+        them (a ps behind a broken connection) saves those. Returns
+        them."""
+        values = {name: tf.convert_to_tensor(self.variables[name]).numpy()
+                  for name in sorted(self.variables,
+                                     key=lambda name: name != 'global_step')}
+        with self._kept:
+            if self.values is None or (values['global_step']
+                                       >= self.values['global_step']):
+                self.values = values
+        return values
 
     def save(self):
         """A checkpoint of the variables as they stand, named after the
@@ -470,8 +478,7 @@ class Checkpoints:
         cannot be read raises."""
         if not self.manager:
             return None
-        self.read()
-        values = self.values
+        values = self.read()
         with self._saving:
             try:
                 return self._write(values)
@@ -488,16 +495,18 @@ class Checkpoints:
             return 'has no --logdir to save the model in'
         how = ''
         try:
-            call_within(read_secs, self.read)
+            values = call_within(read_secs, self.read)
         except (TimeoutError, tf.errors.OpError) as e:
-            if self.values is None:
+            with self._kept:
+                values = self.values
+            if values is None:
                 return self._lost(errors.what_went_wrong(e))
             how = ' as last read (%s)' % errors.what_went_wrong(e)
         if not self._saving.acquire(timeout=Logdir.LOCK_SECS):
             return self._lost('the save before has not ended within %g s'
                               % Logdir.LOCK_SECS)
         try:
-            step = self._write(self.values)
+            step = self._write(values)
         except (tf.errors.OpError, OSError) as e:
             return self._lost(errors.what_went_wrong(e))
         finally:

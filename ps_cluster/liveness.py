@@ -95,15 +95,21 @@ def say_left(cluster, task_index, reason, secs=0, slot=None):
 
     def tell_those_up():
         for k in list(untold):
-            # Opening a session waits with no timeout for a ps not there.
-            if probes.is_listening(cluster.task_address('ps', k)) and (
+            # Opening a session waits with no timeout for a ps not there,
+            # and a frozen one accepts connections.
+            if probes.answers(cluster.task_address('ps', k), 1.0) and (
                     _run_on_ps(cluster, k, mark) is not None):
                 untold.remove(k)
         return not untold
     slot = slot or Slot()
-    with slot.lock:
+    # A first beat that waits on a frozen ps holds the slot: tell anyway.
+    held = slot.lock.acquire(timeout=1)
+    try:
         slot.left = True
         poll(tell_those_up, secs, 0.2)
+    finally:
+        if held:
+            slot.lock.release()
 
 
 @contextlib.contextmanager

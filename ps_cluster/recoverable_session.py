@@ -40,11 +40,11 @@ class RecoverableSession:
         # One wait a loss, from when it was found, every attempt within it.
         deadline = Deadline(self.secs, '--ps_timeout',
                             since=self.creator.watch.lost())
-        self.creator.recovering(error, deadline)
-        # An attempt each of the Watchdog's polls; meanwhile this worker
-        # beats on the ps tasks that stayed.
+        # Meanwhile this worker beats on the ps tasks that stayed; an
+        # attempt each of the Watchdog's polls.
         place = self.creator.place
         with liveness.beating(place.cluster, place.index):
+            self.creator.recovering(error, deadline)
             if not poll(lambda: not self._attempt(deadline),
                         deadline.left(), Watchdog.POLL_SECS):
                 raise TaskFailed((

@@ -98,37 +98,44 @@ def check_gpu(target, config, device):
     return limit, None
 
 
-# What an environment variable names when it gives no GPU: CUDA's and
-# TensorFlow's images set NVIDIA_VISIBLE_DEVICES=all (every GPU of the host,
-# if any), none or void; CUDA hides every GPU from -1 and from none at all.
-NO_GPU = ('', 'all', 'none', 'void', '-1')
+# What an environment variable says when it hides every GPU: the container
+# runtime's none or void, CUDA's -1 or nothing at all. CUDA's and
+# TensorFlow's images set NVIDIA_VISIBLE_DEVICES=all: every GPU of the host,
+# if any.
+HIDDEN = ('', '-1', 'none', 'void')
 
 
 def gpu_given(environ=os.environ, devices='/dev'):
     """What says that a GPU was given to this process, in words, or None:
     a GPU named by NVIDIA_VISIBLE_DEVICES (the container runtime's, as
     Kubernetes' device plugin sets it), by CUDA_VISIBLE_DEVICES or by
-    Slurm's --gres variables; else an NVIDIA device node."""
+    Slurm's --gres variables; else an NVIDIA device node. None too where
+    one of them hides every GPU."""
     for name in ('NVIDIA_VISIBLE_DEVICES', 'CUDA_VISIBLE_DEVICES',
                  'SLURM_STEP_GPUS', 'SLURM_JOB_GPUS'):
-        if environ.get(name, '').strip().lower() not in NO_GPU:
-            return '%s=%s' % (name, environ[name])
+        value = environ.get(name)
+        if value is not None and value.strip().lower() in HIDDEN:
+            return None
+        if value is not None and value.strip().lower() != 'all':
+            return '%s=%s' % (name, value)
     nodes = sorted(glob.glob(os.path.join(devices, 'nvidia[0-9]*')))
     return nodes[0] if nodes else None
 
 
-# TensorFlow's C++ log line: its level and date, time, thread, file:line.
-LOG_LINE = re.compile(r'^[IWE]\d{4} [\d:.]+ +\d+ (\S+)\] (.*)$')
+# TensorFlow's C++ log line: its level, date, time, thread and file:line
+# (2.x), or date, time, level and file:line (1.15).
+LOG_LINE = re.compile(r'^(?:[IWE]\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d '
+                      r'[\d:.]+: [IWE] )(?:\S*/)?(\S+)\] (.*)$')
 
 
-def why_no_gpu(timeout=120):
+def why_no_gpu(timeout=30):
     """TensorFlow's own words for finding no GPU, in a process of its own
     that logs them (this one's log level hides them, and TensorFlow reads
     it once): its lines from CUDA's and the GPU's sources, in a line."""
     try:
         ran = subprocess.run(
             [sys.executable, '-c', 'import tensorflow.compat.v1 as tf; '
-             'tf.config.list_physical_devices("GPU")'],
+             'tf.config.experimental.list_physical_devices("GPU")'],
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='0',
                      TF_USE_LEGACY_KERAS='1'),
             capture_output=True, text=True, timeout=timeout)
@@ -144,13 +151,14 @@ def why_no_gpu(timeout=120):
     return '; '.join(said) or 'TensorFlow found no GPU'
 
 
-# A GPU's own failures as TensorFlow words them, as a task's server or first
-# session makes its CUDA context, and what each is: (pattern, cause, what to
-# change).
+# A GPU's own failures as TensorFlow words them, most as a task's server or
+# first session makes its CUDA context, and what each is: (pattern, cause,
+# what to change).
 GPU_FAILURES = [
     (r'out of memory|CUDA_ERROR_OUT_OF_MEMORY',
-     'out of memory as it made its CUDA context',
-     'fewer tasks a GPU, or a cap on each (--gpu_memory_fraction)'),
+     'out of memory',
+     'fewer tasks a GPU (each holds a CUDA context of some hundreds of '
+     'MB), or a cap on each (--gpu_memory_fraction)'),
     (r'busy or unavailable|CUDA_ERROR_DEVICE_UNAVAILABLE',
      'busy: another process holds it, in exclusive-process mode',
      'one task a GPU, or its default compute mode (nvidia-smi -c DEFAULT)'),

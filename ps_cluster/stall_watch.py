@@ -22,7 +22,8 @@ class StallWatch(threading.Thread):
     beats stand still (`place`, this worker's; in an `elastic` run, of
     those that came); but the first such run while every task answers is
     errors.Stuck, after which a new session is tried, and so is a call that
-    has lasted `secs` while the others' steps go on. A failure stored:
+    has lasted `secs` while the others' steps go on, once until a call
+    returns. A failure stored:
     the watch closes the session the main thread runs in, which cancels
     the run, and the main thread raises it; if the main thread is still
     inside the same call GRACE_SECS after the close, the watch ends the
@@ -50,6 +51,9 @@ class StallWatch(threading.Thread):
         # The step at which a new session was last tried for a stuck run;
         # since when a ps is lost, until a new session is made or a step.
         self._stuck_at = self._lost_at = None
+        # Whether a new session was tried for a run stuck alone, until a
+        # call returns.
+        self._alone = False
         self._closed = threading.Event()
 
     def lost(self, found=True):
@@ -90,6 +94,8 @@ class StallWatch(threading.Thread):
             self._call = (what, session, deadline, time.monotonic())
         try:
             yield
+            with self._lock:
+                self._alone = False
         finally:
             with self._lock:
                 self._call = None
@@ -132,10 +138,16 @@ class StallWatch(threading.Thread):
         idle = now - max(moved, entered)
         if not deadline and moved > entered and now - entered > self.secs:
             # The others' steps go on (async): this worker's run alone is
-            # stuck.
-            return self._stuck(coord, 'no step of its own for %g s '
-                               '(--stall_timeout), waiting in %s, while the '
-                               'global step goes on' % (self.secs, what))
+            # stuck. A new session, once until a call returns.
+            line = ('no step of its own for %g s (--stall_timeout), waiting '
+                    'in %s, while the global step goes on' % (self.secs,
+                                                              what))
+            with self._lock:
+                again, self._alone = self._alone, True
+            if again:
+                return errors.fail(coord, 'training stalled: %s, in a new '
+                                   'session too' % line)
+            return self._stuck(coord, line)
         if deadline and deadline.left() or not deadline and idle <= min(
                 self.secs, self.ps_secs):
             return None

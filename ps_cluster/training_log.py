@@ -101,7 +101,8 @@ class TrainingLog:
         done = max(global_step / self.last_step, self.own_epochs and (
             self.local_step / (self.epochs * self.steps_per_epoch)))
         epoch = min(self.epochs, int(done * self.epochs) + 1)
-        lefts = [to_make * secs / made for made, to_make in ends if made > 0]
+        lefts = [max(0, to_make) * secs / made for made, to_make in ends
+                 if made > 0]
         # No pace yet: a sync worker's step may read the one before.
         if not lefts or epoch == self.epoch and (
                 now - self.last_progress < self.PROGRESS_EVERY_SECS):

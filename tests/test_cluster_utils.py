@@ -130,11 +130,11 @@ def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
         r'keep the ps tasks off the GPUs \(--gpu_jobs\)',
         failed.value.message), failed.value.message
     assert own == (
-        'cannot use GPU 0 (NVIDIA H200): out of memory as it made its CUDA '
-        'context (CUDA runtime implicit initialization on GPU:0 failed. '
-        'Status: out of memory); it asked for at most 0.25 of its memory '
-        '(--gpu_memory_fraction): fewer tasks a GPU, or a cap on each '
-        '(--gpu_memory_fraction)')
+        'cannot use GPU 0 (NVIDIA H200): out of memory (CUDA runtime '
+        'implicit initialization on GPU:0 failed. Status: out of memory); it '
+        'asked for at most 0.25 of its memory (--gpu_memory_fraction): fewer '
+        'tasks a GPU (each holds a CUDA context of some hundreds of MB), or '
+        'a cap on each (--gpu_memory_fraction)')
     assert other is None
     # Its first lines said where it would compute.
     assert re.search(r'^/job:ps/task:0: on (the CPU: no GPU found|GPU \d+ '

@@ -202,6 +202,11 @@ def test_a_task_takes_its_share_of_the_cpus_it_may_use(tmp_path, two_cpus):
     # A host's device nodes; nvidiactl alone is no GPU.
     ({}, ['nvidiactl', 'nvidia1', 'nvidia0'], 'nvidia0'),
     ({}, ['nvidiactl', 'nvidia-uvm'], None),
+    # Every GPU hidden on purpose, on a host that has some.
+    ({'CUDA_VISIBLE_DEVICES': '-1'}, ['nvidia0'], None),
+    ({'NVIDIA_VISIBLE_DEVICES': 'all', 'CUDA_VISIBLE_DEVICES': ''},
+     ['nvidia0'], None),
+    ({'NVIDIA_VISIBLE_DEVICES': 'all'}, ['nvidia0'], 'nvidia0'),
 ])
 def test_a_gpu_given_to_a_task(tmp_path, environ, nodes, given):
     for name in nodes:
@@ -215,11 +220,11 @@ def test_a_gpu_given_to_a_task(tmp_path, environ, nodes, given):
 # its CUDA context (TF 1.x to 2.x).
 @pytest.mark.parametrize('message, cause', [
     ('CUDA runtime implicit initialization on GPU:0 failed. Status: out of '
-     'memory', 'out of memory as it made its CUDA context'),
+     'memory', 'out of memory'),
     ('failed initializing StreamExecutor for CUDA device ordinal 0: '
      'Internal: failed call to cuDevicePrimaryCtxRetain: '
      'CUDA_ERROR_OUT_OF_MEMORY: out of memory; total memory reported: '
-     '85031485440', 'out of memory as it made its CUDA context'),
+     '85031485440', 'out of memory'),
     ('CUDA runtime implicit initialization on GPU:0 failed. Status: '
      'all CUDA-capable devices are busy or unavailable',
      'busy: another process holds it, in exclusive-process mode'),

@@ -235,18 +235,34 @@ def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
     # has lasted secs.
     watch = started(die, secs=0.3, ps_secs=60)
     session = Session(cancels=True)
-    with watch.calling('a training run', session):
-        step = 0
-        while not session.closed.wait(0.01):
-            step += 1
-            watch.step(step)
+    with pytest.raises(tf.errors.CancelledError):
+        with watch.calling('a training run', session):
+            step = 0
+            while not session.closed.wait(0.01):
+                step += 1
+                watch.step(step)
+            # The run that closing its session cancels.
+            raise tf.errors.CancelledError(None, None, 'Session closed')
     stuck = errors.stored(watch.coord)
     assert isinstance(stuck, errors.Stuck) and errors.is_lost(stuck)
     assert stuck.message == (
         'no step of its own for 0.3 s (--stall_timeout), waiting in a '
         'training run, while the global step goes on')
     assert die.said.empty()
-    watch.close()
+    # Stuck alone again, in the new session, before any call returned:
+    # the worker ends.
+    watch.coord = tf.train.Coordinator()
+    watch.store_in(watch.coord)
+    with watch.calling('a training run'):
+        step = 100
+        while die.said.empty():
+            step += 1
+            watch.step(step)
+            time.sleep(0.01)
+    assert die.first() == (
+        'training stalled: no step of its own for 0.3 s (--stall_timeout), '
+        'waiting in a training run, while the global step goes on, in a new '
+        'session too')
 
 
 def test_a_step_read_again_has_not_moved(die):
