@@ -17,14 +17,15 @@ class StallWatch(threading.Thread):
     the coordinator of the session being made or run (store_in()).
 
     No failure stored: a call during which the step has stood still for
-    `secs`, or for `ps_secs` while a ps task does not answer, is a failure,
+    `secs`, or for `ps_secs` while a ps task does not answer (for
+    liveness.GONE_SECS: a probe may fail as a cut heals), is a failure,
     which names the ps tasks that do not answer, else the workers whose
     beats stand still (`place`, this worker's; in an `elastic` run, of
     those that came); but the first such run while every task answers is
     errors.Stuck, after which a new session is tried, and so is a call that
     has lasted `secs` while the others' steps go on, once until a call
-    returns. A failure stored:
-    the watch closes the session the main thread runs in, which cancels
+    returns. A failure stored: the watch closes the session the main
+    thread runs in, which cancels
     the run, and the main thread raises it; if the main thread is still
     inside the same call GRACE_SECS after the close, the watch ends the
     worker (`end`), its last resort: TensorFlow waits for a ps that is
@@ -52,8 +53,8 @@ class StallWatch(threading.Thread):
         # since when a ps is lost, until a new session is made or a step.
         self._stuck_at = self._lost_at = None
         # Whether a new session was tried for a run stuck alone, until a
-        # call returns.
-        self._alone = False
+        # call returns; since when a ps has not answered the watch's probes.
+        self._alone, self._silent_since = False, None
         self._closed = threading.Event()
 
     def lost(self, found=True):
@@ -152,6 +153,15 @@ class StallWatch(threading.Thread):
                 self.secs, self.ps_secs):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
+        # Silent once it has not answered for GONE_SECS: a probe may fail
+        # as a network cut heals, or on a busy machine.
+        with self._lock:
+            if not silent:
+                self._silent_since = None
+            elif self._silent_since is None:
+                self._silent_since = now
+            if silent and now - self._silent_since < liveness.GONE_SECS:
+                return None
         if deadline:
             return errors.fail(
                 coord, 'lost the connection to %s, waiting in %s: not done %s'

@@ -64,6 +64,7 @@ class Session:
 def die(monkeypatch):
     monkeypatch.setattr(StallWatch, 'POLL_SECS', 0.02)
     monkeypatch.setattr(StallWatch, 'GRACE_SECS', 0.1)
+    monkeypatch.setattr(liveness, 'GONE_SECS', 0.1)
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: [])
     monkeypatch.setattr(liveness, 'silent_workers', lambda *_: [WORKER])
     return Die()
@@ -190,6 +191,21 @@ def test_a_silent_ps_is_named_after_ps_secs(die, monkeypatch):
             'training stalled: no new global step for 0.1 s (--ps_timeout), '
             'waiting in opening a session; ' + PS + ' does not answer, '
             '/job:ps/task:1 (localhost:2) does not answer')
+
+
+def test_a_ps_that_misses_a_probe_is_not_lost(die, monkeypatch):
+    # As a network cut heals, the watch's probe of the ps fails once, past
+    # ps_secs without a step; the next answers, and nothing is stored
+    # until the step has stood still for secs (then a new session).
+    answers = [[0], [], [], []]
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: (
+        answers.pop(0) if answers else []))
+    watch = started(die, secs=60, ps_secs=0.05)
+    with watch.calling('a training run'):
+        time.sleep(1)  # many polls, past ps_secs and GONE_SECS
+    assert not answers
+    assert die.said.empty() and errors.stored(watch.coord) is None
+    watch.close()
 
 
 def test_a_call_past_its_waits_deadline_with_a_silent_ps_lost_it(
