@@ -137,9 +137,12 @@ class StallWatch(threading.Thread):
         what, _, deadline, entered = call
         now = time.monotonic()
         idle = now - max(moved, entered)
-        if not deadline and moved > entered and now - entered > self.secs:
-            # The others' steps go on (async): this worker's run alone is
-            # stuck. A new session, once until a call returns.
+        if not deadline and moved > entered and now - entered > self.secs \
+                and now - moved < liveness.GONE_SECS:
+            # The others' steps go on (async; the step moved during the
+            # call and still moves: a frozen ps stops it for all): this
+            # worker's run alone is stuck. A new session, once until a
+            # call returns.
             line = ('no step of its own for %g s (--stall_timeout), waiting '
                     'in %s, while the global step goes on' % (self.secs,
                                                               what))

@@ -183,6 +183,21 @@ def test_a_run_stuck_while_every_task_answers_gets_one_new_session(
             '(--stall_timeout), waiting in a training run; missing: none')
 
 
+def test_a_step_that_stops_during_a_call_is_no_run_stuck_alone(
+        die, monkeypatch):
+    # The others stepped early in the call, then the ps froze: the run
+    # is stalled for every worker, and the line names the ps.
+    monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0])
+    watch = started(die, secs=0.3, ps_secs=60)
+    with watch.calling('a training run'):
+        watch.step(1)
+        watch.step(2)
+        assert die.first() == (
+            'training stalled: no new global step for 0.3 s '
+            '(--stall_timeout), waiting in a training run; ' + PS +
+            ' does not answer')
+
+
 def test_a_silent_ps_is_named_after_ps_secs(die, monkeypatch):
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0, 1])
     watch = started(die, ps_secs=0.1)
