@@ -119,19 +119,23 @@ def beating(cluster, task_index):
     the Watchdog's beats, and the ps tasks that stayed would count this
     worker gone. Each beat in sessions of its own; a frozen ps is passed
     over."""
-    def beat_op(beats, *_):
-        return tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64))
-
-    def beat():
-        for k, address in enumerate(cluster.job_tasks('ps')):
-            if probes.answers(address, Watchdog.POLL_SECS):
-                _run_on_ps(cluster, k, beat_op)
     coord = tf.train.Coordinator()
-    tf.train.LooperThread(coord, Watchdog.POLL_SECS, beat).start()
+    tf.train.LooperThread(coord, Watchdog.POLL_SECS, beat_alone,
+                          (cluster, task_index)).start()
     try:
         yield
     finally:
         coord.request_stop()
+
+
+def beat_alone(cluster, task_index):
+    """Worker task_index's beat on each ps task that answers, each in a
+    session of its own, over a connection of its own."""
+    def beat_op(beats, *_):
+        return tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64))
+    for k, address in enumerate(cluster.job_tasks('ps')):
+        if probes.answers(address, Watchdog.POLL_SECS):
+            _run_on_ps(cluster, k, beat_op)
 
 
 def say_saved(cluster, word):
@@ -317,9 +321,15 @@ class Watchdog(tf.train.LooperThread):
                 options=self.RUN_OPTIONS)
         except (tf.errors.OpError, RuntimeError) as e:
             # A lost ps: stored, and the main thread recovers (stop_loop()
-            # runs, unlike after a raise); a frozen ps: nothing to do.
+            # runs, unlike after a raise).
             if errors.is_lost(e):
                 self.coord.request_stop(e)
+            # A beat past its deadline: a frozen ps, passed over, or this
+            # worker's connection stuck after a network cut healed, which
+            # may carry no call for minutes: the ps tasks would count this
+            # worker gone.
+            elif isinstance(e, tf.errors.DeadlineExceededError):
+                beat_alone(self.place.cluster, self.place.index)
             return
         for k, reason in enumerate(farewells):
             if reason.decode().startswith(PREEMPTED):

@@ -27,7 +27,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, ps_task, server, sources  # noqa: E402
-from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.deadlines import Deadline, poll  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
@@ -283,6 +283,30 @@ def test_a_recovery_beats_on_the_ps_tasks_that_answer(shared_cluster,
     with liveness.beating(cluster, 1):
         time.sleep(1 + 2 * liveness.Watchdog.POLL_SECS)
     assert on_ps(cluster, 0, lambda beats, *_: beats)[1] >= 2
+
+
+def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
+        shared_cluster, monkeypatch):
+    # Its connection to the ps stuck after a network cut healed: its beats
+    # time out while the ps answers, which hears them over connections of
+    # their own.
+    class StuckSession:
+        def __init__(self, session):
+            self.session = session
+
+        def run(self, fetches, **kwargs):
+            raise tf.errors.DeadlineExceededError(None, None, 'Timed out')
+
+        def close(self):
+            self.session.close()
+    cluster = shared_cluster(1, 2)
+    start_ps(cluster, 0)
+    with watchdog(cluster, 1) as dog:
+        monkeypatch.setattr(dog, 'session', StuckSession(dog.session))
+        heard = on_ps(cluster, 0, lambda beats, *_: beats)[1]
+        assert poll(lambda: on_ps(cluster, 0, lambda beats, *_: beats)[1]
+                    >= heard + 2, 10, 0.1)
+        assert errors.stored(dog.coord) is None
 
 
 def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
