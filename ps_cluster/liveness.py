@@ -1,6 +1,7 @@
 """Which tasks of the cluster are alive, from the workers' heartbeats: each
 worker adds one to its own slot of a counter vector on each ps task, over
-the channels that training keeps open anyway, every POLL_SECS; each ps
+the channels that training keeps open anyway (of their own while those
+carry nothing), every POLL_SECS; each ps
 reads its own where it lies and counts departures (ps_task.py); workers
 read ps 0's count and each ps's farewell. A worker's cost is one small RPC
 to each ps task a poll, whatever the number of workers.
@@ -207,6 +208,8 @@ class Watchdog(tf.train.LooperThread):
     POLL_SECS = 0.5
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
     RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
+    # A beat's wait while its beats go over connections of their own.
+    ALONE_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
 
     def __init__(self, coord, global_step, server, config, place, watch,
                  deadline, tokens=None, slot=None):
@@ -216,6 +219,8 @@ class Watchdog(tf.train.LooperThread):
         # The training session: set before the thread reads it, and closed,
         # not replaced: a new session has a Watchdog of its own.
         self.sess = None
+        # Whether its beats go over connections of their own (run_loop()).
+        self.alone = False
         graph = tf.Graph()
         with graph.as_default():
             beats, departures, self.farewells, reasons = counters(
@@ -318,7 +323,7 @@ class Watchdog(tf.train.LooperThread):
         try:
             _, departed, farewells = self.session.run(
                 [self.beat_op, self.departed, self.farewells],
-                options=self.RUN_OPTIONS)
+                options=self.ALONE_OPTIONS if self.alone else self.RUN_OPTIONS)
         except (tf.errors.OpError, RuntimeError) as e:
             # A lost ps: stored, and the main thread recovers (stop_loop()
             # runs, unlike after a raise).
@@ -326,11 +331,14 @@ class Watchdog(tf.train.LooperThread):
                 self.coord.request_stop(e)
             # A beat past its deadline: a frozen ps, passed over, or this
             # worker's connection stuck after a network cut healed, which
-            # may carry no call for minutes: the ps tasks would count this
-            # worker gone.
+            # may carry no call for minutes while the ps tasks would count
+            # this worker gone: each poll, until a beat gets through, one
+            # over connections of its own, and a short wait on this one.
             elif isinstance(e, tf.errors.DeadlineExceededError):
+                self.alone = True
                 beat_alone(self.place.cluster, self.place.index)
             return
+        self.alone = False
         for k, reason in enumerate(farewells):
             if reason.decode().startswith(PREEMPTED):
                 self.coord.request_stop((Preempted, Preempted(

@@ -25,14 +25,13 @@ class StallWatch(threading.Thread):
     errors.Stuck, after which a new session is tried, and so is a call that
     has lasted `secs` while the others' steps go on, once until a call
     returns. A failure stored: the watch closes the session the main
-    thread runs in, which cancels
-    the run, and the main thread raises it; if the main thread is still
-    inside the same call GRACE_SECS after the close, the watch ends the
-    worker (`end`), its last resort: TensorFlow waits for a ps that is
-    gone with no timeout as it opens a session, and a frozen ps blocks even
-    the closing. A lost ps's failure closes nothing, and ends the worker
-    only once `ps_secs` have passed since the loss was first found
-    (lost())."""
+    thread runs in, which cancels the run, and the main thread raises it;
+    if the main thread is still inside the same call GRACE_SECS after the
+    close, the watch ends the worker (`end`), its last resort: TensorFlow
+    waits for a ps that is gone with no timeout as it opens a session, and
+    a frozen ps blocks even the closing. A lost ps's failure closes
+    nothing, and ends the worker only once `ps_secs` have passed since the
+    loss was first found (lost())."""
 
     # How often it looks at the main thread's call; a probe it makes may
     # take ten polls (_within()).
@@ -53,7 +52,8 @@ class StallWatch(threading.Thread):
         # since when a ps is lost, until a new session is made or a step.
         self._stuck_at = self._lost_at = None
         # Whether a new session was tried for a run stuck alone, until a
-        # call returns; since when a ps has not answered the watch's probes.
+        # call returns; since when a ps has not answered the watch's probes,
+        # until one answers or a step.
         self._alone, self._silent_since = False, None
         self._closed = threading.Event()
 
@@ -81,6 +81,7 @@ class StallWatch(threading.Thread):
         with self._lock:
             if value != self._step and self._step is not None:
                 self._moved, self._lost_at = time.monotonic(), None
+                self._silent_since = None
             self._step = value
 
     @contextlib.contextmanager

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
@@ -288,13 +289,15 @@ def test_a_recovery_beats_on_the_ps_tasks_that_answer(shared_cluster,
 def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
         shared_cluster, monkeypatch):
     # Its connection to the ps stuck after a network cut healed: its beats
-    # time out while the ps answers, which hears them over connections of
-    # their own.
+    # wait out their deadline while the ps answers, which hears them over
+    # connections of their own, more often than GONE_SECS, after which it
+    # would count the worker gone.
     class StuckSession:
         def __init__(self, session):
             self.session = session
 
-        def run(self, fetches, **kwargs):
+        def run(self, fetches, options):
+            time.sleep(options.timeout_in_ms / 1000)
             raise tf.errors.DeadlineExceededError(None, None, 'Timed out')
 
         def close(self):
@@ -303,9 +306,17 @@ def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
     start_ps(cluster, 0)
     with watchdog(cluster, 1) as dog:
         monkeypatch.setattr(dog, 'session', StuckSession(dog.session))
-        heard = on_ps(cluster, 0, lambda beats, *_: beats)[1]
-        assert poll(lambda: on_ps(cluster, 0, lambda beats, *_: beats)[1]
-                    >= heard + 2, 10, 0.1)
+        heard = [on_ps(cluster, 0, lambda beats, *_: beats)[1]]
+        moved, deadline = [], time.monotonic() + 30
+        # Past the first deadline, then a few of the beats alone.
+        while len(moved) < 4 and time.monotonic() < deadline:
+            beats = on_ps(cluster, 0, lambda beats, *_: beats)[1]
+            if beats != heard[-1]:
+                heard.append(beats)
+                moved.append(time.monotonic())
+            time.sleep(0.05)
+        assert len(moved) == 4
+        assert max(np.diff(moved[1:])) < liveness.GONE_SECS / 2
         assert errors.stored(dog.coord) is None
 
 

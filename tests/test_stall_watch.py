@@ -23,7 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, probes  # noqa: E402
-from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.deadlines import Deadline, poll  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 
@@ -208,17 +208,45 @@ def test_a_silent_ps_is_named_after_ps_secs(die, monkeypatch):
             '/job:ps/task:1 (localhost:2) does not answer')
 
 
+def silent_ps(monkeypatch, *silent):
+    """probes.silent says the ps tasks in the list it returns are silent,
+    until the list is changed; the other list counts the probes made."""
+    silent, made = list(silent), []
+
+    def probe(cluster, job):
+        made.append(None)
+        return list(silent)
+    monkeypatch.setattr(probes, 'silent', probe)
+    return silent, made
+
+
 def test_a_ps_that_misses_a_probe_is_not_lost(die, monkeypatch):
     # As a network cut heals, the watch's probe of the ps fails once, past
-    # ps_secs without a step; the next answers, and nothing is stored
-    # until the step has stood still for secs (then a new session).
-    answers = [[0], [], [], []]
-    monkeypatch.setattr(probes, 'silent', lambda cluster, job: (
-        answers.pop(0) if answers else []))
+    # ps_secs without a step; the next answers, and nothing is stored.
+    silent, made = silent_ps(monkeypatch, 0)
     watch = started(die, secs=60, ps_secs=0.05)
     with watch.calling('a training run'):
-        time.sleep(1)  # many polls, past ps_secs and GONE_SECS
-    assert not answers
+        assert poll(lambda: made, 10, 0.01)
+        silent.clear()
+        assert poll(lambda: len(made) > 10, 10, 0.01)  # past GONE_SECS
+    assert die.said.empty() and errors.stored(watch.coord) is None
+    watch.close()
+
+
+def test_a_step_starts_the_silence_of_a_ps_anew(die, monkeypatch):
+    # The ps silent, a step, the ps silent again, past GONE_SECS since it
+    # first was but not since the step; then it answers: not lost.
+    monkeypatch.setattr(liveness, 'GONE_SECS', 2)
+    silent, made = silent_ps(monkeypatch, 0)
+    watch = started(die, secs=60, ps_secs=0.05)
+    watch.step(1)
+    with watch.calling('a training run'):
+        time.sleep(1.2)
+        watch.step(2)
+        time.sleep(1.2)
+        silent.clear()
+        probes_made = len(made)
+        assert poll(lambda: len(made) > probes_made + 5, 10, 0.01)
     assert die.said.empty() and errors.stored(watch.coord) is None
     watch.close()
 
