@@ -1,10 +1,10 @@
 """Which tasks of the cluster are alive, from the workers' heartbeats: each
 worker adds one to its own slot of a counter vector on each ps task, over
-the channels that training keeps open anyway (of their own while those
-carry nothing), every POLL_SECS; each ps
-reads its own where it lies and counts departures (ps_task.py); workers
-read ps 0's count and each ps's farewell. A worker's cost is one small RPC
-to each ps task a poll, whatever the number of workers.
+the channels that training keeps open anyway (over its own while those
+carry nothing), every POLL_SECS; each ps reads its own where it lies and
+counts departures (ps_task.py); workers read ps 0's count and each ps's
+farewell. A worker's cost is one small RPC to each ps task a poll,
+whatever the number of workers.
 
 A worker that ends marks its slot DONE, or LEFT with its reason, at
 start-up too. The counters live in a graph of their own, so the Supervisor
