@@ -54,16 +54,16 @@ def what_went_wrong(error):
     last 'Node:' line and the task it ran on; never the stack of where the
     op was defined, nor the function and op that TensorFlow 2 names
     around the cause."""
-    lines = [line for line in getattr(error, 'message', str(error))
-             .splitlines() if line not in ('', 'Graph execution error:')
-             and not line.startswith((' ', '\t'))
-             and not DEFINED_AT.fullmatch(line)]
+    # Several errors at once come numbered ('  (0) '), or between rules,
+    # each after its status and task.
+    lines = [ROOT.sub('', line) for line in getattr(
+        error, 'message', str(error)).splitlines()]
+    lines = [line for line in lines if line not in (
+        '', 'Graph execution error:') and not line.startswith((' ', '\t'))
+        and not DEFINED_AT.fullmatch(line) and not re.fullmatch(
+            r'\d+ root error\(s\) found\.|(\w+: )?From /job:\S+:|=+', line)]
     nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
     after = lines[nodes[-1] + 1:] if nodes else []
-    # Several errors at once come between rules, each after its status and
-    # task.
-    after = [line for line in after if not re.fullmatch(
-        r'(\w+: )?From /job:\S+:|=+', line)]
     return BOILERPLATE.sub('', (after or lines or [''])[0])
 
 
@@ -71,6 +71,7 @@ def what_went_wrong(error):
 # after it; the wrapped function it ran in, and the op, around a cause.
 DEFINED_AT = re.compile(r"Detected at node '?\S+?'? defined at \(most recent "
                         r"call last\):")
+ROOT = re.compile(r'^  \(\d+\) ')
 BOILERPLATE = re.compile(r'^\{\{function_node [^}]*\}\} | \[Op:\w+\]$')
 
 

@@ -49,6 +49,15 @@ from ps_cluster.sources import Place
      '/task:0/device:CPU:0}} /x/tf2/ckpt-4950_temp/part-00000-of-00001; No '
      'space left on device [Op:SaveV2]',
      '/x/tf2/ckpt-4950_temp/part-00000-of-00001; No space left on device'),
+    # Errors of several ops of a run, numbered: the first.
+    ('2 root error(s) found.\n  (0) UNAVAILABLE: Socket closed\n\t '
+     '[[{{node cond/Assign}}]]\n  (1) CANCELLED: Cancelled\n0 successful '
+     'operations.\n0 derived errors ignored.', 'UNAVAILABLE: Socket closed'),
+    # TensorFlow 1.15's, each after its status and task.
+    ('2 root error(s) found.\n  (0) Cancelled: From /job:worker/replica:0'
+     '/task:1:\nRecvFromRemoteAsync is cancelled.\n  (1) Aborted: From '
+     '/job:ps/replica:0/task:0:\nThe same RunGraph (Worker) request was '
+     'received twice.', 'RecvFromRemoteAsync is cancelled.'),
 ])
 def test_what_went_wrong(message, line):
     assert errors.what_went_wrong(RuntimeError(message)) == line
