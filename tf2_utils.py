@@ -338,7 +338,12 @@ class Tf2Task:
         """Tells the ps tasks and workers the run is done, and an evaluator
         its last checkpoint, and ends this task, status 0."""
         # Not in a hurry: a busy machine's servers answer late.
-        self._tell_servers(coordinated.DONE, self.DONE_SECS)
+        untold = self._tell_servers(coordinated.DONE, self.DONE_SECS)
+        if untold:
+            print('%s: could not tell %s within %g s that the run is done: '
+                  'they end once it has been silent for --worker_timeout'
+                  % (self.name, ', '.join(untold), self.DONE_SECS),
+                  flush=True)
         if self.markers and self.saved.last is not None:
             self.markers.say(CHIEF_DONE, str(self.saved.last))
         self.end.leave()
@@ -356,7 +361,7 @@ class Tf2Task:
                 coordinated.PREEMPTED):
             self.markers.say(CHIEF_LEFT, word)
         servers = {**self._tasks('ps'), **self._tasks('worker')}
-        coordinated.tell(servers, word, secs)
+        return coordinated.tell(servers, word, secs)
 
     def _silent(self):
         """Which ps tasks and workers do not answer, in words."""

@@ -103,20 +103,24 @@ class Word:
 
 def tell(tasks, word, secs):
     """Sets `word` on each of tasks ({name: address}) that answers, in
-    sessions of its own, within secs in all."""
+    sessions of its own, within secs in all; returns the names of those it
+    could not tell."""
     untold = dict(tasks)
 
     def tell_those_up():
-        for name, address in list(untold.items()):
-            # A frozen task accepts connections, and a session's run on it
-            # can block past its timeout: only those that answer.
-            if probes.answers(address, 1.0) and _set(name, address, word):
-                del untold[name]
+        nonlocal untold
+        # A frozen task accepts connections, and a session's run on it can
+        # block past its timeout: only those that answer. Bound anew, not
+        # changed: the caller reads it once the time is up.
+        untold = {name: address for name, address in untold.items()
+                  if not (probes.answers(address, 1.0)
+                          and _set(name, address, word))}
         return not untold
     try:
         call_within(secs, poll, tell_those_up, secs, 0.2)
     except TimeoutError:  # a task froze as it was told
         pass
+    return sorted(untold)
 
 
 def read(name, address):

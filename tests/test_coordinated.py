@@ -35,6 +35,13 @@ def test_a_word_left_on_the_ps_is_the_workers_once_the_coordinator_is_gone(
     assert word.wait(coordinator, 60, 60, ps) == coordinated.DONE
 
 
+def test_the_coordinator_learns_which_tasks_it_could_not_tell(servers):
+    word, ps, (name, nowhere) = servers
+    assert coordinated.tell({**ps, name: nowhere}, coordinated.DONE, 3) == [
+        name]
+    assert coordinated.tell(ps, coordinated.DONE, 10) == []
+
+
 def test_a_ps_that_was_preempted_says_nothing_for_the_coordinator(servers):
     word, ps, coordinator = servers
     coordinated.tell(ps, coordinated.PREEMPTED, 10)
