@@ -73,11 +73,15 @@ def test_launcher_runs_the_cluster(procs, tmp_path, free_port_run,
     assert re.search(r'^evaluator: global_step=%d, ' % last, output, re.M)
     assert os.listdir(tmp_path / 'export') == [str(last)]
     # The training lines were shown as they came, the chatter was not;
-    # the chief's said how far the run was, each epoch.
+    # the chief's said how far the run was, each epoch from its second run
+    # (its pace) on: in async, the others may have trained past its first
+    # epoch by then.
     assert set(final_accuracies(output)) == {0, 1, 2}
-    assert [int(epoch) for epoch in re.findall(
+    epochs = [int(epoch) for epoch in re.findall(
         r'^worker=0, global_step=\d+, local_step=\d+, \d+ steps/s, epoch '
-        r'(\d) of 3, (?:\d+ min )?\d+ s left$', output, re.M)] == [1, 2, 3]
+        r'(\d) of 3, (?:\d+ min )?\d+ s left$', output, re.M)]
+    assert epochs == ([1, 2, 3] if script == 'sync'
+                      else list(range(epochs[0], 4))), output
     assert 'oneDNN' not in output
     assert left_running(launcher) == []
     assert listeners(range(base, base + 4)) == []
