@@ -340,8 +340,8 @@ class Tf2Task:
         # Not in a hurry: a busy machine's servers answer late.
         untold = self._tell_servers(coordinated.DONE, self.DONE_SECS)
         if untold:
-            print('%s: could not tell %s within %g s that the run is done: '
-                  'they end once it has been silent for --worker_timeout'
+            print('%s: could not tell %s within %g s that the run is done; '
+                  'each waits for it --worker_timeout, then fails'
                   % (self.name, ', '.join(untold), self.DONE_SECS),
                   flush=True)
         if self.markers and self.saved.last is not None:

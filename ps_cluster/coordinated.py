@@ -109,12 +109,14 @@ def tell(tasks, word, secs):
 
     def tell_those_up():
         nonlocal untold
-        # A frozen task accepts connections, and a session's run on it can
-        # block past its timeout: only those that answer. Bound anew, not
-        # changed: the caller reads it once the time is up.
-        untold = {name: address for name, address in untold.items()
-                  if not (probes.answers(address, 1.0)
-                          and _set(name, address, word))}
+        for name, address in list(untold.items()):
+            # A frozen task accepts connections, and a session's run on it
+            # can block past its timeout: only those that answer. Bound
+            # anew as each is told, not changed: the caller reads it once
+            # the time is up.
+            if probes.answers(address, 1.0) and _set(name, address, word):
+                untold = {other: where for other, where in untold.items()
+                          if other != name}
         return not untold
     try:
         call_within(secs, poll, tell_those_up, secs, 0.2)

@@ -37,7 +37,7 @@ def test_a_word_left_on_the_ps_is_the_workers_once_the_coordinator_is_gone(
 
 def test_the_coordinator_learns_which_tasks_it_could_not_tell(servers):
     word, ps, (name, nowhere) = servers
-    assert coordinated.tell({**ps, name: nowhere}, coordinated.DONE, 3) == [
+    assert coordinated.tell({**ps, name: nowhere}, coordinated.DONE, 5) == [
         name]
     assert coordinated.tell(ps, coordinated.DONE, 10) == []
 
