@@ -58,20 +58,21 @@ def what_went_wrong(error):
     # each after its status and task.
     lines = [ROOT.sub('', line) for line in getattr(
         error, 'message', str(error)).splitlines()]
-    lines = [line for line in lines if line not in (
-        '', 'Graph execution error:') and not line.startswith((' ', '\t'))
-        and not DEFINED_AT.fullmatch(line) and not re.fullmatch(
-            r'\d+ root error\(s\) found\.|(\w+: )?From /job:\S+:|=+', line)]
+    lines = [line for line in lines if not line.startswith((' ', '\t'))
+             and not SAYS_NOTHING.fullmatch(line)]
     nodes = [i for i, line in enumerate(lines) if line.startswith('Node: ')]
     after = lines[nodes[-1] + 1:] if nodes else []
     return BOILERPLATE.sub('', (after or lines or [''])[0])
 
 
-# Where TensorFlow 2 says a failed op was defined, a stack of indented lines
-# after it; the wrapped function it ran in, and the op, around a cause.
-DEFINED_AT = re.compile(r"Detected at node '?\S+?'? defined at \(most recent "
-                        r"call last\):")
+# The lines around a cause: TensorFlow 2's heading, and where it says a
+# failed op was defined (a stack of indented lines after it); the count of
+# a run's errors, and, in TensorFlow 1.15, each one's task and its rules.
+SAYS_NOTHING = re.compile(r"|Graph execution error:|Detected at node '?\S+?'? "
+                          r"defined at \(most recent call last\):|\d+ root "
+                          r"error\(s\) found\.|(\w+: )?From /job:\S+:|=+")
 ROOT = re.compile(r'^  \(\d+\) ')
+# The wrapped function a cause ran in, and the op, around it.
 BOILERPLATE = re.compile(r'^\{\{function_node [^}]*\}\} | \[Op:\w+\]$')
 
 
