@@ -211,7 +211,9 @@ start_task() {  # JOB INDEX [flags...]
 
 stop_all() {  # SIGNAL, passed on to every task
   local pids=("${ps_pids[@]}" "${worker_pids[@]}" "${evaluator_pids[@]}") pid
-  for pid in "${pids[@]}"; do pkill -"$1" -P "$pid"; done
+  # Every task at once, as Ctrl-C in a terminal: one told after another
+  # might first hear that another was interrupted, and fail for it.
+  pkill -"$1" -P "$(IFS=,; echo "${pids[*]}")"
   # After SIGTERM the chief saves the model, and the ps tasks wait for it
   # (--preemption_grace); Kubernetes would wait 30 s too.
   for _ in {1..300}; do
