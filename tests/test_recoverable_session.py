@@ -294,7 +294,8 @@ def test_a_chief_saving_for_a_preempted_ps_that_left_gives_up_in_time(
     creator = sess.creator
     creator.preemption_grace = 8
     # Where the ps was: nothing.
-    creator.server = small_model.server(cluster_of(free_ports), 'worker', 0)
+    cluster = cluster_of(free_ports)
+    creator.server = small_model.server(cluster, 'worker', 0)
     words = []
     saving = threading.Thread(target=lambda: words.append(
         creator.preempted(hold=True)), daemon=True)
@@ -306,6 +307,9 @@ def test_a_chief_saving_for_a_preempted_ps_that_left_gives_up_in_time(
                      '8 s (--preemption_grace)): its updates since the last '
                      'checkpoint are lost' % tmp_path]
     sess.close()
+    # A ps there at last lets the abandoned creation end, and its thread
+    # with it: in a task, the task's end does.
+    small_model.server(cluster, 'ps', 0)
 
 
 def test_close_ends_at_once_with_a_thread_that_never_stops(ps):
