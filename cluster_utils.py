@@ -116,7 +116,9 @@ flags.DEFINE_float('stall_timeout', 180,
 flags.DEFINE_float('worker_timeout', 120,
                    'Seconds a ps waits for workers that fell silent (a '
                    'network cut, a rebooting node) before it leaves a run '
-                   'that every other worker has left.')
+                   'that every other worker has left; TensorFlow 2: that a '
+                   'ps or worker waits for a silent coordinator before it '
+                   'fails.')
 flags.DEFINE_float('preemption_grace', 20,
                    'Seconds a task given SIGTERM (a scheduler preempting it) '
                    'takes to save what would be lost: the chief saves the '
