@@ -116,9 +116,9 @@ flags.DEFINE_float('stall_timeout', 180,
 flags.DEFINE_float('worker_timeout', 120,
                    'Seconds a ps waits for workers that fell silent (a '
                    'network cut, a rebooting node) before it leaves a run '
-                   'that every other worker has left; TensorFlow 2: that a '
-                   'ps or worker waits for a silent coordinator before it '
-                   'fails.')
+                   'that every other worker has left. mnist_dist_tf2.py: '
+                   'seconds a ps or worker waits for a coordinator that fell '
+                   'silent before it exits 1.')
 flags.DEFINE_float('preemption_grace', 20,
                    'Seconds a task given SIGTERM (a scheduler preempting it) '
                    'takes to save what would be lost: the chief saves the '
