@@ -211,16 +211,18 @@ start_task() {  # JOB INDEX [flags...]
 
 stop_all() {  # SIGNAL, passed on to every task
   local pids=("${ps_pids[@]}" "${worker_pids[@]}" "${evaluator_pids[@]}") pid
+  local parents
+  parents=$(IFS=,; echo "${pids[*]}")
   # Every task at once, as Ctrl-C in a terminal: one told after another
   # might first hear that another was interrupted, and fail for it.
-  pkill -"$1" -P "$(IFS=,; echo "${pids[*]}")"
+  pkill -"$1" -P "$parents"
   # After SIGTERM the chief saves the model, and the ps tasks wait for it
   # (--preemption_grace); Kubernetes would wait 30 s too.
   for _ in {1..300}; do
-    pgrep -P "$(IFS=,; echo "${pids[*]}")" > /dev/null || break
+    pgrep -P "$parents" > /dev/null || break
     sleep 0.1
   done
-  for pid in "${pids[@]}"; do pkill -KILL -P "$pid"; done
+  pkill -KILL -P "$parents"
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 }
 trap 'echo "$0: interrupted, stopping every task" >&2; stop_all INT; exit 130' INT HUP USR1
