@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -28,7 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, ps_task, server, sources  # noqa: E402
-from ps_cluster.deadlines import Deadline, poll  # noqa: E402
+from ps_cluster.deadlines import Deadline, call_within, poll  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
@@ -318,6 +319,21 @@ def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
         assert len(moved) == 4
         assert max(np.diff(moved[1:])) < liveness.GONE_SECS / 2
         assert errors.stored(dog.coord) is None
+
+
+def test_a_call_on_a_ps_that_accepts_and_never_answers_gives_up(free_ports):
+    # What a ps stopped with SIGSTOP looks like to a connection: the kernel
+    # accepts it, nobody answers. The session's creation and close have a
+    # deadline too, not its run alone.
+    port = free_ports(1)[0]
+    with socket.create_server(('127.0.0.1', port)) as frozen:
+        cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:%d' % port],
+                                        'worker': ['127.0.0.1:1']})
+        started = time.monotonic()
+        # In a thread of its own: before the mend, the call never returned.
+        assert call_within(30, liveness._run_on_ps, cluster, 0,
+                           lambda beats, *_: beats) is None
+        assert time.monotonic() - started < 3 * server.CALL_SECS
 
 
 def test_wait_for_the_others_returns_once_the_others_are_done(shared_cluster):
