@@ -203,7 +203,8 @@ class CoordinatedSession:
     def run(self, fetches, feed_dict=None):
         self.coord.raise_requested_exception()
         try:
-            with self.watch.calling('a training run', self.session):
+            with self.watch.calling('a training run', self.session,
+                                    trains=True):
                 values = self.session.run(fetches, feed_dict)
             context = tf.train.SessionRunContext((fetches, feed_dict),
                                                  self.session)

@@ -23,8 +23,8 @@ class StallWatch(threading.Thread):
     beats stand still (`place`, this worker's; in an `elastic` run, of
     those that came); but the first such run while every task answers is
     errors.Stuck, after which a new session is tried, and so is a call that
-    has lasted `secs` while the others' steps go on, once until a call
-    returns. A failure stored: the watch closes the session the main
+    has lasted `secs` while the others' steps go on, once until a training
+    run returns. A failure stored: the watch closes the session the main
     thread runs in, which cancels the run, and the main thread raises it;
     if the main thread is still inside the same call GRACE_SECS after the
     close, the watch ends the worker (`end`), its last resort: TensorFlow
@@ -52,7 +52,7 @@ class StallWatch(threading.Thread):
         # since when a ps is lost, until a new session is made or a step.
         self._stuck_at = self._lost_at = None
         # Whether a new session was tried for a run stuck alone, until a
-        # call returns; since when a ps has not answered the watch's probes,
+        # training run returns; since when a ps has not answered the watch's probes,
         # until one answers or a step.
         self._alone, self._silent_since = False, None
         self._closed = threading.Event()
@@ -85,19 +85,21 @@ class StallWatch(threading.Thread):
             self._step = value
 
     @contextlib.contextmanager
-    def calling(self, what, session=None, deadline=None):
+    def calling(self, what, session=None, deadline=None, trains=False):
         """The main thread is inside a call into TensorFlow, `what`, until
         the block ends; closing `session` cancels it. A call of a wait
         with a `deadline` (a Deadline) is a failure once it has passed
         while a ps task does not answer; one of none, once the step stands
-        still too long."""
+        still too long. A call that `trains` (a training run) and returns
+        ends a run stuck alone: a recovery's own calls do not."""
         # A new tuple each call: the watch tells calls apart by identity.
         with self._lock:
             self._call = (what, session, deadline, time.monotonic())
         try:
             yield
-            with self._lock:
-                self._alone = False
+            if trains:
+                with self._lock:
+                    self._alone = False
         finally:
             with self._lock:
                 self._call = None
@@ -143,7 +145,7 @@ class StallWatch(threading.Thread):
             # The others' steps go on (async; the step moved during the
             # call and still moves: a frozen ps stops it for all): this
             # worker's run alone is stuck. A new session, once until a
-            # call returns.
+            # training run returns.
             line = ('no step of its own for %g s (--stall_timeout), waiting '
                     'in %s, while the global step goes on' % (self.secs,
                                                               what))

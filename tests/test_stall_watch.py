@@ -289,32 +289,44 @@ def test_steps_that_move_keep_the_watch_quiet(die):
     watch.close()
 
 
-def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
-    # Async: the others' steps move the global step, but this worker's run
-    # has lasted secs.
-    watch = started(die, secs=0.3, ps_secs=60)
+def stuck_alone(watch):
+    """A training run in which this worker is stuck while the others'
+    steps move the global step (async), until the watch closes its
+    session: the failure stored."""
     session = Session(cancels=True)
     with pytest.raises(tf.errors.CancelledError):
-        with watch.calling('a training run', session):
+        with watch.calling('a training run', session, trains=True):
             step = 0
             while not session.closed.wait(0.01):
                 step += 1
                 watch.step(step)
             # The run that closing its session cancels.
             raise tf.errors.CancelledError(None, None, 'Session closed')
-    stuck = errors.stored(watch.coord)
+    return errors.stored(watch.coord)
+
+
+def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
+    # This worker's run has lasted secs.
+    watch = started(die, secs=0.3, ps_secs=60)
+    stuck = stuck_alone(watch)
     assert isinstance(stuck, errors.Stuck) and errors.is_lost(stuck)
     assert stuck.message == (
         'no step of its own for 0.3 s (--stall_timeout), waiting in a '
         'training run, while the global step goes on')
     assert die.said.empty()
-    # Stuck alone again, in the new session, before any call returned:
-    # the worker ends.
+    # The recovery's own calls return (the farewells read, the step read
+    # as the new session starts); then stuck alone again, before a
+    # training run returned: the worker ends.
     watch.coord = tf.train.Coordinator()
     watch.store_in(watch.coord)
-    with watch.calling('a training run'):
-        step = 100
-        while die.said.empty():
+    with watch.calling("reading the ps tasks' farewells",
+                       deadline=Deadline(60, '--ps_timeout')):
+        pass
+    with watch.calling('reading the global step'):
+        pass
+    with watch.calling('a training run', trains=True):
+        step, deadline = 100, time.monotonic() + 10
+        while die.said.empty() and time.monotonic() < deadline:
             step += 1
             watch.step(step)
             time.sleep(0.01)
@@ -322,6 +334,18 @@ def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
         'training stalled: no step of its own for 0.3 s (--stall_timeout), '
         'waiting in a training run, while the global step goes on, in a new '
         'session too')
+
+
+def test_a_run_stuck_alone_after_a_training_run_returned_gets_one_more(die):
+    watch = started(die, secs=0.3, ps_secs=60)
+    assert isinstance(stuck_alone(watch), errors.Stuck)
+    watch.coord = tf.train.Coordinator()
+    watch.store_in(watch.coord)
+    # The new session carried the run on: a training run returned.
+    with watch.calling('a training run', trains=True):
+        pass
+    assert isinstance(stuck_alone(watch), errors.Stuck)
+    assert die.said.empty()
 
 
 def test_a_step_read_again_has_not_moved(die):
