@@ -19,6 +19,7 @@ from absl import flags
 import mnist_data
 from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
+from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir, marker
@@ -529,11 +530,17 @@ class Task:
 
     def _marked_end(self):
         """The global step at which the chief ended its run, from its marker
-        in --logdir, for a worker of an elastic run other than the chief;
-        else None."""
-        if self.elastic and not self.is_chief and FLAGS.logdir:
-            return marker(FLAGS.logdir, CHIEF_DONE, 0)
-        return None
+        in --logdir, for a worker of an elastic run other than the chief,
+        once no ps task has come up for STARTUP_GRACE_SECS; else None. A
+        run ends as its ps tasks leave: a marker beside a ps that listens
+        is an earlier run's, which this run's chief has yet to remove."""
+        if not (self.elastic and not self.is_chief and FLAGS.logdir):
+            return None
+        ps = self.place.cluster.job_tasks('ps')
+        if poll(lambda: any(map(probes.is_listening, ps)),
+                STARTUP_GRACE_SECS, 0.2):
+            return None
+        return marker(FLAGS.logdir, CHIEF_DONE, 0)
 
     def _came_after_the_end(self, step, last_step, sess=None):
         """If step, the run's, is at last_step: says so, closes sess (this

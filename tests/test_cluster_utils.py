@@ -1,8 +1,9 @@
 """What the scripts call in cluster_utils.py, as a user meets it: usage
 errors (in this process, and two in runs of their own), data errors, a port
-in use, --shard_data; and the straggler's gradients as TensorFlow runs
-them."""
+in use, --shard_data, an earlier run's end marker; and the straggler's
+gradients as TensorFlow runs them."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -15,10 +16,12 @@ import tensorflow.compat.v1 as tf
 from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
                       assert_one_error_line, final_accuracies, own_lines)
 
+from ps_counters import on_ps
 from script_flags import usage_error
 import cluster_utils
 import small_model
 from ps_cluster import exits
+from ps_cluster.deadlines import poll
 
 
 @pytest.mark.slow
@@ -281,3 +284,38 @@ def test_what_no_thread_or_object_can_raise_ends_in_one_line(
     procs.wait_all([task], START_UP)
     assert_clean_exit(procs, task, status)
     assert own_lines(procs.stderr(task)) == [line]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+def test_an_earlier_runs_end_marker_ends_no_worker_of_a_new_run(
+        procs, free_ports, small_data, tmp_path):
+    # An elastic run's logdir still holds the marker of an earlier run's
+    # end, which this run's chief removes as it starts: worker 1 comes
+    # before the chief, its ps up, and trains instead of ending 0 (the
+    # chief's steps slow enough for it to join: 8 s of them alone).
+    logdir = tmp_path / 'logdir'
+    logdir.mkdir()
+    (logdir / 'chief_done').write_text('1000000')
+    ports = free_ports(3)
+    flags = ['--data_dir=' + small_data, '--logdir=%s' % logdir,
+             '--min_workers=1', '--step_delay_ms=200', *SHORT_RUN]
+    ps = procs.script('async', 'ps', 0, ports[:1], ports[1:], *flags)
+    procs.wait_for_output(ps, r'serving until', START_UP)
+    worker = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags)
+    cluster = tf.train.ClusterSpec({
+        'ps': ['localhost:%d' % ports[0]],
+        'worker': ['localhost:%d' % port for port in ports[1:]]})
+
+    def came():
+        # Its first beat on the ps, or its end.
+        with contextlib.suppress(tf.errors.OpError):
+            return worker.poll() is not None or on_ps(
+                cluster, 0, lambda beats, *_: beats)[1] > 0
+    assert poll(came, START_UP, 0.2)
+    chief = procs.script('async', 'worker', 0, ports[:1], ports[1:], *flags)
+    procs.wait_all([chief, worker, ps], START_UP)
+    for task in (chief, worker):
+        output = assert_clean_exit(procs, task, 0)
+        assert 'global_step=1000000' not in output
+        assert final_accuracies(output), output
