@@ -119,14 +119,25 @@ def beating(cluster, task_index):
     of its own, while the block runs: a recovery's, whose lost ps stopped
     the Watchdog's beats, and the ps tasks that stayed would count this
     worker gone. Each beat in sessions of its own; a frozen ps is passed
-    over."""
+    over. The thread is joined as the block ends, within the deadlines of
+    a beat under way; what made it fail is raised then, unless the block
+    raises its own."""
     coord = tf.train.Coordinator()
-    tf.train.LooperThread(coord, Watchdog.POLL_SECS, beat_alone,
-                          (cluster, task_index)).start()
+    thread = tf.train.LooperThread(coord, Watchdog.POLL_SECS, beat_alone,
+                                   (cluster, task_index))
+    thread.start()
+    ended = False
     try:
         yield
+        ended = True
     finally:
         coord.request_stop()
+        try:
+            coord.join([thread], stop_grace_period_secs=3 * server.CALL_SECS,
+                       ignore_live_threads=True)
+        except Exception:
+            if ended:
+                raise
 
 
 def beat_alone(cluster, task_index):

@@ -287,6 +287,23 @@ def test_a_recovery_beats_on_the_ps_tasks_that_answer(shared_cluster,
     assert on_ps(cluster, 0, lambda beats, *_: beats)[1] >= 2
 
 
+def test_a_recovery_s_beats_end_with_it_and_say_what_failed(shared_cluster,
+                                                            monkeypatch):
+    cluster = shared_cluster(1, 2)
+    start_ps(cluster, 0)
+    before = set(threading.enumerate())
+    with liveness.beating(cluster, 1):
+        pass
+    assert set(threading.enumerate()) <= before
+
+    def beat_alone(*_):
+        raise ValueError('a mistake of ours')
+    monkeypatch.setattr(liveness, 'beat_alone', beat_alone)
+    with pytest.raises(ValueError, match='a mistake of ours'):
+        with liveness.beating(cluster, 1):
+            time.sleep(2 * liveness.Watchdog.POLL_SECS)
+
+
 def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
         shared_cluster, monkeypatch):
     # Its connection to the ps stuck after a network cut healed: its beats
