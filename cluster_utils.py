@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import tensorflow.compat.v1 as tf
@@ -136,6 +137,10 @@ flags.DEFINE_enum('eval_split', 'test', ['test', 'validation'],
 flags.DEFINE_float('eval_timeout', 300,
                    'Seconds an evaluator waits for a new checkpoint once '
                    'the chief no longer answers, before it gives up.')
+flags.DEFINE_bool('tracebacks', False,
+                  'Print the traceback of an error a task ends with, or a '
+                  'thread fails with, above its one line: for reporting a '
+                  'bug.')
 for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
               'worker_timeout', 'save_checkpoint_secs', 'preemption_grace'):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
@@ -180,7 +185,9 @@ def start_task(sync, coordinator=False):
     end.on_signals()
     task = Task(sync, end, coordinator)
 
-    def one_line(kind, error, traceback):
+    def one_line(kind, error, trace):
+        if FLAGS.tracebacks:
+            traceback.print_exception(kind, error, trace)
         if issubclass(kind, TaskFailed):
             task.end.fail(error.message, error.status)  # it ends the task
         if kind is tf.errors.UnknownError and (
@@ -195,6 +202,9 @@ def start_task(sync, coordinator=False):
     sys.excepthook = one_line
 
     def thread_failed(args):
+        if FLAGS.tracebacks:
+            traceback.print_exception(args.exc_type, args.exc_value,
+                                      args.exc_traceback)
         # Not stored: summaries lost cost the summaries, not the run. It is
         # TensorFlow's thread that writes them, which ends at the first
         # write that fails, and TrainingLog writes no more.
@@ -215,7 +225,7 @@ def start_task(sync, coordinator=False):
         # collected (TF2's eager executor waits for its ops as it goes):
         # the task's own line says what went wrong, once. Another is one
         # line: it ends nothing.
-        if not isinstance(args.exc_value, tf.errors.OpError):
+        if not errors.is_ps_failure(args.exc_value):
             print('%s: ignored in %s: %s' % (
                 task.name, getattr(args.object, '__qualname__', args.object),
                 args.exc_value), file=sys.stderr, flush=True)
@@ -508,12 +518,12 @@ class Task:
                                  self.slot)
         try:
             sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
-        except TaskFailed as e:
+        except probes.NotUp as e:
             # The ps tasks leave once the run has ended: an elastic run's,
             # once the chief and the workers that came have.
             self._came_after_the_end(self._marked_end(),
                                      last_step)  # it may end the task
-            if self.elastic and probes.silent(self.place.cluster, 'ps'):
+            if self.elastic:
                 raise TaskFailed('%s; the run may have ended before this '
                                  'worker came' % e.message)
             raise

@@ -20,26 +20,11 @@ from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
 from ps_cluster.training_log import time_left
 
 FLAGS = flags.FLAGS
-# The errors of a lost ps, as the coordinator meets them: a lost worker's
-# steps TensorFlow's coordinator runs again on the others.
-LOST = (tf.errors.UnavailableError, tf.errors.AbortedError,
-        tf.errors.CancelledError)
 # How many times in a row the coordinator starts again, each after twice
 # the wait of the one before, from a second: a ps lost again at once, five
 # times, is no longer one a scheduler brings back. Counted across its
 # process images in the environment; an epoch done ends the row.
 RESTARTS, RESTARTS_VARIABLE = 5, 'MNIST_DIST_TF2_RESTARTS'
-
-
-def is_ps_failure(error):
-    """Whether error is of a lost ps: a LOST one, or, as TensorFlow's own
-    coordinator counts it (_is_ps_failure), a device or tensor handle that
-    a ps started again at once no longer knows (tensorflow#62880)."""
-    return isinstance(error, LOST) or (
-        isinstance(error, tf.errors.InvalidArgumentError) and (
-            'unknown device' in error.message.lower()
-            or 'Unable to find the relevant tensor remote_handle'
-            in error.message))
 
 
 def start_task():
@@ -280,7 +265,9 @@ class Tf2Task:
                 # and the thread that ends the task ends the process.
                 threading.Event().wait()
             try:
-                if is_ps_failure(error):
+                # A lost worker's steps TensorFlow's coordinator runs again
+                # on the others: a lost ps is the one to recover from.
+                if errors.is_ps_failure(error):
                     self._start_again(error)
                 if issubclass(kind, ValueError) and (
                         'Mismatched number of GPUs' in str(error)):

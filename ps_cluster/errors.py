@@ -48,6 +48,18 @@ def is_lost(error):
             r'From /job:', error.message, re.M) is not None)
 
 
+def is_ps_failure(error):
+    """Whether error is of a lost ps as TensorFlow 2's own coordinator
+    counts it (_is_ps_failure): a LOST or cancelled one, or a device or
+    tensor handle that a ps started again at once no longer knows
+    (tensorflow#62880)."""
+    return isinstance(error, LOST + (tf.errors.CancelledError,)) or (
+        isinstance(error, tf.errors.InvalidArgumentError) and (
+            'unknown device' in error.message.lower()
+            or 'Unable to find the relevant tensor remote_handle'
+            in error.message))
+
+
 def what_went_wrong(error):
     """The line of an error that says what went wrong: its first, or, in
     TensorFlow 2's 'Graph execution error', the one after the failed op's

@@ -42,7 +42,7 @@ def silent(cluster, job):
 
 def wait_for_tasks(cluster, job, deadline):
     """Blocks until every task of `job` accepts connections: it is up, if
-    perhaps not yet serving (answers() then tells); or raises TaskFailed
+    perhaps not yet serving (answers() then tells); or raises NotUp
     once the deadline (a Deadline) has passed."""
     addresses = cluster.job_tasks(job)
     if not poll(lambda: all(map(is_listening, addresses)), deadline.left(),
@@ -51,10 +51,14 @@ def wait_for_tasks(cluster, job, deadline):
                                       if not is_listening(address)}, deadline)
 
 
+class NotUp(TaskFailed):
+    """A task that did not come up: it never listened within a deadline."""
+
+
 def fail_if_late(job, addresses, missing, deadline):
-    """Raises TaskFailed, naming the first of the missing tasks of `job`,
-    once the deadline (a Deadline) has passed."""
+    """Raises NotUp, naming the first of the missing tasks of `job`, once
+    the deadline (a Deadline) has passed."""
     if missing and not deadline.left():
         i = min(missing)
-        raise TaskFailed('/job:%s/task:%d (%s) did not come up %s'
-                         % (job, i, addresses[i], deadline))
+        raise NotUp('/job:%s/task:%d (%s) did not come up %s'
+                    % (job, i, addresses[i], deadline))

@@ -1,8 +1,8 @@
 """A task that ends as its last argument says, for test_cluster_utils.py:
 `thread`, a thread of its own fails; `raise`, its main thread raises an
 error that is neither ours nor TensorFlow's; `collected`, objects that
-raise as they are collected, one a TensorFlow error, one not, and then it
-leaves."""
+raise as they are collected, a lost task's TensorFlow error, another
+TensorFlow error and one not TensorFlow's, and then it leaves."""
 
 import gc
 import sys
@@ -32,6 +32,7 @@ def main(argv):
     if argv[-1] == 'raise':
         raise RuntimeError('Init operations did not make model ready')
     Raises(tf.errors.UnavailableError(None, None, 'Socket closed'))
+    Raises(tf.errors.InvalidArgumentError(None, None, 'no lost task\'s'))
     Raises(ValueError('not ours to end on'))
     gc.collect()
     sys.stdout.flush()

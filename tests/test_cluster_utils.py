@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 
@@ -263,27 +264,58 @@ def test_a_stragglers_gradients_start_after_its_read_of_the_step():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('end, status, line', [
+@pytest.mark.parametrize('end, status, lines', [
     # A thread that fails, which no session's coordinator stores: the task
     # cannot go on without it.
-    ('thread', 1, '/job:ps/task:0: error: a thread failed: division by '
-                  'zero'),
+    ('thread', 1, ['/job:ps/task:0: error: a thread failed: division by '
+                   'zero']),
     # An error of another kind than ours or TensorFlow's, as TensorFlow's
     # SessionManager raises one.
-    ('raise', 1, '/job:ps/task:0: error: RuntimeError: Init operations did '
-                 'not make model ready'),
+    ('raise', 1, ['/job:ps/task:0: error: RuntimeError: Init operations did '
+                  'not make model ready']),
     # TensorFlow's own objects, collected after a lost task, raise its
     # error again: the task's own line says it; anything else, in a line.
-    ('collected', 0, '/job:ps/task:0: ignored in Raises.__del__: not ours '
-                     'to end on'),
+    ('collected', 0, ["/job:ps/task:0: ignored in Raises.__del__: no lost "
+                      "task's",
+                      '/job:ps/task:0: ignored in Raises.__del__: not ours '
+                      'to end on']),
 ])
 def test_what_no_thread_or_object_can_raise_ends_in_one_line(
-        procs, free_ports, end, status, line):
+        procs, free_ports, end, status, lines):
     task = procs.forked('tests/task_ends.py', [
         '--job_name=ps', '--ps=localhost:%d' % free_ports(1)[0], end], end)
     procs.wait_all([task], START_UP)
     assert_clean_exit(procs, task, status)
-    assert own_lines(procs.stderr(task)) == [line]
+    assert own_lines(procs.stderr(task)) == lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('end, last', [
+    ('thread', 'a thread failed: division by zero'),
+    ('raise', 'RuntimeError: Init operations did not make model ready')])
+def test_tracebacks_prints_where_above_the_line(procs, free_ports, end, last):
+    task = procs.forked('tests/task_ends.py', [
+        '--job_name=ps', '--ps=localhost:%d' % free_ports(1)[0],
+        '--tracebacks', end], end)
+    procs.wait_all([task], START_UP)
+    lines = own_lines(procs.stderr(task))
+    assert task.returncode == 1
+    assert lines[0] == 'Traceback (most recent call last):'
+    assert any('task_ends.py' in line for line in lines)
+    assert lines[-1] == '/job:ps/task:0: error: ' + last
+
+
+def wait_for_the_first_beat(worker, ports):
+    """Until worker 1's first beat is on ps 0 (at ports[0]), or it ended."""
+    cluster = tf.train.ClusterSpec({
+        'ps': ['localhost:%d' % ports[0]],
+        'worker': ['localhost:%d' % port for port in ports[1:]]})
+
+    def came():
+        with contextlib.suppress(tf.errors.OpError):
+            return worker.poll() is not None or on_ps(
+                cluster, 0, lambda beats, *_: beats)[1] > 0
+    assert poll(came, START_UP, 0.2)
 
 
 @pytest.mark.slow
@@ -303,19 +335,31 @@ def test_an_earlier_runs_end_marker_ends_no_worker_of_a_new_run(
     ps = procs.script('async', 'ps', 0, ports[:1], ports[1:], *flags)
     procs.wait_for_output(ps, r'serving until', START_UP)
     worker = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags)
-    cluster = tf.train.ClusterSpec({
-        'ps': ['localhost:%d' % ports[0]],
-        'worker': ['localhost:%d' % port for port in ports[1:]]})
-
-    def came():
-        # Its first beat on the ps, or its end.
-        with contextlib.suppress(tf.errors.OpError):
-            return worker.poll() is not None or on_ps(
-                cluster, 0, lambda beats, *_: beats)[1] > 0
-    assert poll(came, START_UP, 0.2)
+    wait_for_the_first_beat(worker, ports)
     chief = procs.script('async', 'worker', 0, ports[:1], ports[1:], *flags)
     procs.wait_all([chief, worker, ps], START_UP)
     for task in (chief, worker):
         output = assert_clean_exit(procs, task, 0)
         assert 'global_step=1000000' not in output
         assert final_accuracies(output), output
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('real')  # real processes (pytest.ini)
+def test_a_ps_lost_as_an_elastic_worker_starts_is_no_end_of_the_run(
+        procs, free_ports, small_data):
+    # Worker 1 of an elastic run came, and waits for the chief's model,
+    # when its ps is lost: its line names the ps, and does not guess that
+    # the run may have ended (a ps that never came up might say so).
+    ports = free_ports(3)
+    flags = ['--data_dir=' + small_data, '--min_workers=1',
+             '--ps_timeout=1', *SHORT_RUN]
+    ps = procs.script('async', 'ps', 0, ports[:1], ports[1:], *flags)
+    procs.wait_for_output(ps, r'serving until', START_UP)
+    worker = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags)
+    wait_for_the_first_beat(worker, ports)
+    os.kill(ps.pid, signal.SIGKILL)
+    procs.wait_all([worker], START_UP)
+    line = assert_one_error_line(procs, worker, 1,
+                                 '/job:ps/task:0 (localhost:%d)' % ports[0])
+    assert 'the run may have ended' not in line
