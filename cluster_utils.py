@@ -114,7 +114,10 @@ flags.DEFINE_float('ps_timeout', 120,
 flags.DEFINE_float('stall_timeout', 180,
                    'Seconds without a new global step after which every '
                    'worker gives up, naming the workers that are gone or '
-                   'the ps task that does not answer, whatever it waits in.')
+                   'the ps task that does not answer, whatever it waits in; '
+                   'and the longest one session.run of a worker may take '
+                   'while the others\' steps go on: a worker slower than '
+                   'that gets a new session once, then ends.')
 flags.DEFINE_float('worker_timeout', 120,
                    'Seconds a ps waits for workers that fell silent (a '
                    'network cut, a rebooting node) before it leaves a run '
@@ -279,8 +282,11 @@ class Task:
                 threads, why = FLAGS.pool_threads, '--pool_threads'
             else:
                 threads, why = server.cpu_share(self.cluster, self.address)
-            print('%s: %d thread(s) a pool: %s' % (self.name, threads, why),
-                  flush=True)
+            inter = (' (%d inter-op: a long op leaves its beats one)'
+                     % server.WORKER_INTER_OP if self.job_name == 'worker'
+                     and threads < server.WORKER_INTER_OP else '')
+            print('%s: %d thread(s) a pool%s: %s' % (self.name, threads,
+                                                     inter, why), flush=True)
             server.size_grpc_client(threads)
         self.gpu = self._gpu(coordinator)
         self.config = server.session_config(

@@ -142,12 +142,40 @@ def beating(cluster, task_index):
 
 def beat_alone(cluster, task_index):
     """Worker task_index's beat on each ps task that answers, each in a
-    session of its own, over a connection of its own."""
-    def beat_op(beats, *_):
-        return tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64))
+    session of its own, over a connection of its own. Returns what a
+    Watchdog reads with its beats: each ps's farewell (None where one does
+    not answer), and the departures counted on ps 0 (None likewise)."""
+    def beat_op(beats, departures, farewell, _):
+        return [tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64)),
+                farewell, tf.reduce_sum(departures)]
+    farewells, departed = [], None
     for k, address in enumerate(cluster.job_tasks('ps')):
-        if probes.answers(address, Watchdog.POLL_SECS):
-            _run_on_ps(cluster, k, beat_op)
+        read = (_run_on_ps(cluster, k, beat_op)
+                if probes.answers(address, Watchdog.POLL_SECS) else None)
+        farewells.append(read and read[1])
+        if k == 0 and read:
+            departed = read[2]
+    return farewells, departed
+
+
+def read_alone(cluster, variable):
+    """The value of `variable`, a variable of the training graph that lies
+    on a ps task (/job:ps/task:K), read there in a session of its own, over a connection of
+    its own; None if the ps does not answer."""
+    where = tf.DeviceSpec.from_string(variable.device)
+    with tf.Graph().as_default() as graph, tf.device(variable.device):
+        # The same variable, by its name, where it lies.
+        value = tf.Variable(tf.zeros(variable.shape, variable.dtype.base_dtype),
+                            name=variable.op.name,
+                            use_resource=variable.op.type == 'VarHandleOp'
+                            ).value()
+    try:
+        with tf.Session('grpc://' + cluster.task_address('ps', where.task),
+                        graph=graph, config=server.call_config(
+                            '/job:ps/task:%d' % where.task)) as sess:
+            return sess.run(value, options=Watchdog.RUN_OPTIONS)
+    except tf.errors.OpError:
+        return None
 
 
 def say_saved(cluster, word):
@@ -335,22 +363,27 @@ class Watchdog(tf.train.LooperThread):
             _, departed, farewells = self.session.run(
                 [self.beat_op, self.departed, self.farewells],
                 options=self.ALONE_OPTIONS if self.alone else self.RUN_OPTIONS)
+            self.alone = False
         except (tf.errors.OpError, RuntimeError) as e:
             # A lost ps: stored, and the main thread recovers (stop_loop()
             # runs, unlike after a raise).
             if errors.is_lost(e):
                 self.coord.request_stop(e)
-            # A beat past its deadline: a frozen ps, passed over, or this
+            if not isinstance(e, tf.errors.DeadlineExceededError):
+                return
+            # A beat past its deadline: a frozen ps, passed over; this
             # worker's connection stuck after a network cut healed, which
-            # may carry no call for minutes while the ps tasks would count
-            # this worker gone: each poll, until a beat gets through, one
-            # over connections of its own, and a short wait on this one.
-            elif isinstance(e, tf.errors.DeadlineExceededError):
-                self.alone = True
-                beat_alone(self.place.cluster, self.place.index)
-            return
-        self.alone = False
+            # may carry no call for minutes; or its own ops' pool held by a
+            # run (a straggler's wait): the ps tasks would count it gone.
+            # Each poll, until a beat gets through in a short wait on this
+            # connection (a healthy one answers in milliseconds), it beats
+            # and reads the same over connections of its own.
+            self.alone = True
+            farewells, departed = beat_alone(self.place.cluster,
+                                             self.place.index)
         for k, reason in enumerate(farewells):
+            if reason is None:  # a ps that does not answer, read alone
+                continue
             if reason.decode().startswith(PREEMPTED):
                 self.coord.request_stop((Preempted, Preempted(
                     None, None, self.place.task('ps', k) + ' was preempted'),
@@ -360,10 +393,11 @@ class Watchdog(tf.train.LooperThread):
                 raise TaskFailed('lost the connection to %s, which ended: '
                                  '"%s"' % (self.place.task('ps', k),
                                            reason.decode()))
-        if departed != self.last_departures.sum():
+        if departed is not None and departed != self.last_departures.sum():
             self._someone_departed()
         if self.sess is not None:
-            step = self._run(self.global_step, self.sess)
+            step = (read_alone(self.place.cluster, self.global_step)
+                    if self.alone else self._run(self.global_step, self.sess))
             if step is not None:
                 self.watch.step(step)
 
@@ -385,7 +419,9 @@ class Watchdog(tf.train.LooperThread):
                 time.sleep(self.POLL_SECS)
 
     def _someone_departed(self):
-        departures = self._run(self.departures)
+        departures = (_run_on_ps(self.place.cluster, 0,
+                                 lambda beats, departures, *_: departures)
+                      if self.alone else self._run(self.departures))
         if departures is None:
             return
         for i in np.flatnonzero(departures > self.last_departures):

@@ -15,6 +15,14 @@ import numpy as np
 import tensorflow.compat.v1 as tf
 
 
+# A worker's Watchdog beats and reads the global step through its own
+# server, whose inter-op pool runs every op of the worker, each to its end:
+# one thread held by a long op of a run (a straggler's wait) would hold the
+# beats too, and their deadlines, past the time after which the ps tasks
+# count the worker gone.
+WORKER_INTER_OP = 2
+
+
 def session_config(job, index, gpu=None, gpu_memory_fraction=None,
                    threads=0):
     """The config of a task's server and sessions. A worker talks only to
@@ -22,9 +30,12 @@ def session_config(job, index, gpu=None, gpu_memory_fraction=None,
     sees, of the one it uses, its memory taken as it needs it, up to
     gpu_memory_fraction of it if given; None: it keeps off the GPUs.
     threads: the size of each of TensorFlow's op pools, intra and inter
-    (0: every CPU, its default)."""
-    config = tf.ConfigProto(intra_op_parallelism_threads=threads,
-                            inter_op_parallelism_threads=threads)
+    (0: every CPU, its default); a worker's inter-op pool holds at least
+    WORKER_INTER_OP threads."""
+    config = tf.ConfigProto(
+        intra_op_parallelism_threads=threads,
+        inter_op_parallelism_threads=threads and (
+            max(threads, WORKER_INTER_OP) if job == 'worker' else threads))
     if gpu is None:
         config.device_count['GPU'] = 0
     else:

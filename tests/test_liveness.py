@@ -304,22 +304,26 @@ def test_a_recovery_s_beats_end_with_it_and_say_what_failed(shared_cluster,
             time.sleep(2 * liveness.Watchdog.POLL_SECS)
 
 
+class StuckSession:
+    """A session on a connection stuck after a network cut healed, or whose
+    worker's op pool a run holds: each run waits out its deadline."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def run(self, fetches, options):
+        time.sleep(options.timeout_in_ms / 1000)
+        raise tf.errors.DeadlineExceededError(None, None, 'Timed out')
+
+    def close(self):
+        self.session.close()
+
+
 def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
         shared_cluster, monkeypatch):
-    # Its connection to the ps stuck after a network cut healed: its beats
-    # wait out their deadline while the ps answers, which hears them over
-    # connections of their own, more often than GONE_SECS, after which it
-    # would count the worker gone.
-    class StuckSession:
-        def __init__(self, session):
-            self.session = session
-
-        def run(self, fetches, options):
-            time.sleep(options.timeout_in_ms / 1000)
-            raise tf.errors.DeadlineExceededError(None, None, 'Timed out')
-
-        def close(self):
-            self.session.close()
+    # Its beats wait out their deadline while the ps answers, which hears
+    # them over connections of their own, more often than GONE_SECS, after
+    # which it would count the worker gone.
     cluster = shared_cluster(1, 2)
     start_ps(cluster, 0)
     with watchdog(cluster, 1) as dog:
@@ -336,6 +340,29 @@ def test_a_watchdog_whose_beats_miss_their_deadline_beats_alone(
         assert len(moved) == 4
         assert max(np.diff(moved[1:])) < liveness.GONE_SECS / 2
         assert errors.stored(dog.coord) is None
+
+
+def test_a_watchdog_beating_alone_reads_the_step_and_the_farewells(
+        shared_cluster, monkeypatch):
+    # Alone, it still tells the stall watch each global step, and stores a
+    # ps's farewell, as it does over its own connection.
+    cluster = shared_cluster(1, 2)
+    ps = start_ps(cluster, 0)
+    steps = queue.Queue()
+    with watchdog(cluster, 1, on_step=steps.put, training=True) as dog:
+        assert steps.get(timeout=10) == 0
+        monkeypatch.setattr(dog, 'session', StuckSession(dog.session))
+        monkeypatch.setattr(dog, 'sess', StuckSession(dog.sess))
+        with tf.Graph().as_default():
+            with tf.device('/job:ps/task:0'):
+                step = tf.train.get_or_create_global_step()
+            with tf.Session('grpc://' + cluster.task_address('ps', 0)) as sess:
+                sess.run(step.assign(7))
+        assert poll(lambda: steps.get(timeout=15) == 7, 30, 0)
+        ps.tell_workers('the ps was told to stop', 1)
+        assert stored_failure(dog) == (
+            'lost the connection to /job:ps/task:0 (%s), which ended: '
+            '"the ps was told to stop"' % cluster.task_address('ps', 0))
 
 
 def test_a_call_on_a_ps_that_accepts_and_never_answers_gives_up(free_ports):

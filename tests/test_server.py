@@ -121,6 +121,13 @@ def test_each_pool_is_sized_as_given():
         assert config.inter_op_parallelism_threads == 3
     # 0: TensorFlow's default, every CPU.
     assert server.session_config('ps', 0).intra_op_parallelism_threads == 0
+    assert server.session_config('worker', 0).inter_op_parallelism_threads == 0
+    # A worker's long op leaves its beats a thread.
+    config = server.session_config('worker', 0, threads=1)
+    assert config.intra_op_parallelism_threads == 1
+    assert config.inter_op_parallelism_threads == 2
+    assert server.session_config('ps', 0, threads=1
+                                 ).inter_op_parallelism_threads == 1
 
 
 def test_a_quota_in_cpus():

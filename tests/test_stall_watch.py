@@ -464,3 +464,27 @@ def test_a_stalled_run_or_a_lost_ps_ends_every_worker_naming_why(
             assert 'lost the connection to /job:worker/task:%d ' % i \
                 not in procs.output(worker)
         os.kill(frozen_ps.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow  # not in the fast tier
+def test_a_straggler_slower_than_the_stall_timeout_is_said_so(
+        procs, free_ports, small_data):
+    # Worker 1's every run waits 8 s, past --stall_timeout, on a pool of one
+    # thread, as on a host of few CPUs, while the chief trains on: its line
+    # says that its own run is stuck, not the global step.
+    ports = free_ports(3)
+    flags = ['--data_dir=' + small_data, '--stall_timeout=3',
+             '--pool_threads=1', *LONG_RUN]
+    ps = procs.script('async', 'ps', 0, ports[:1], ports[1:], *flags)
+    chief = procs.script('async', 'worker', 0, ports[:1], ports[1:], *flags)
+    procs.wait_for_epoch([chief])
+    worker = procs.script('async', 'worker', 1, ports[:1], ports[1:], *flags,
+                          '--step_delay_ms=8000')
+    said = procs.wait_for_output(worker, r'^worker=1: no .*', START_UP)
+    assert said.group(0) == (
+        'worker=1: no step of its own for 3 s (--stall_timeout), waiting in '
+        'a training run, while the global step goes on; trying a new '
+        'session')
+    for task in (ps, chief, worker):
+        os.kill(task.pid, signal.SIGINT)
+    procs.wait_all([ps, chief, worker], START_UP)
