@@ -14,7 +14,7 @@ from absl import flags
 import cluster_utils
 import mnist_data
 from ps_cluster import coordinated, errors, exits, liveness, probes
-from ps_cluster.deadlines import call_within, poll
+from ps_cluster.deadlines import call_within, in_thread, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
 from ps_cluster.training_log import time_left
@@ -202,9 +202,9 @@ class Tf2Task:
         (TensorFlow's coordinator runs their steps on the others) and
         which come back; but the end of the task, naming the tasks that do
         not answer, once the global step has not moved for
-        --stall_timeout. The variables are read meanwhile, for a save that
-        cannot read them (Checkpoints.save_now()). A step's error is raised
-        here."""
+        --stall_timeout. The global step is read meanwhile, and, with
+        --logdir, the variables, for a save that cannot read them
+        (Checkpoints.follow()). A step's error is raised here."""
         joined = []
 
         def join():
@@ -214,7 +214,9 @@ class Tf2Task:
             except Exception as e:  # raised again in the main thread
                 joined.append(e)
         threading.Thread(target=join, daemon=True, name='join').start()
-        last, moved = None, time.monotonic()
+        # One read at a time, however long it takes (a bigger model, a slow
+        # link): a frozen ps blocks one for good.
+        reading, last, moved = None, None, time.monotonic()
         while True:
             done = poll(lambda: joined, self.WORKER_CHECK_SECS, 0.05)
             # Every WORKER_CHECK_SECS, however short each join.
@@ -223,15 +225,17 @@ class Tf2Task:
                 self._check_preempted()
             if done:
                 break
-            try:
-                # A frozen ps can block a read for good.
-                step = int(call_within(self.WORKER_CHECK_SECS,
-                                       self.saved.read)['global_step'])
-            except (TimeoutError, tf.errors.OpError):
-                step = last
-            if step != last:
-                last, moved = step, time.monotonic()
-            elif time.monotonic() - moved > FLAGS.stall_timeout:
+            if reading is not None and reading.done():
+                failure = reading.exception()
+                if not isinstance(failure, (type(None), tf.errors.OpError)):
+                    raise failure
+                step = None if failure else reading.result()
+                if step is not None and step != last:
+                    last, moved = step, time.monotonic()
+                reading = None
+            if reading is None:
+                reading = in_thread(self.saved.follow)
+            if time.monotonic() - moved > FLAGS.stall_timeout:
                 raise TaskFailed('no new global step for %g s '
                                  '(--stall_timeout); %s' % (
                                      FLAGS.stall_timeout,
@@ -463,6 +467,13 @@ class Checkpoints:
                 self.values = values
         return values
 
+    def follow(self):
+        """The global step as it stands, read alone; with a logdir, the
+        variables too, kept (read()) for a save that cannot read them."""
+        if self.manager:
+            return int(self.read()['global_step'])
+        return int(tf.convert_to_tensor(self.variables['global_step']).numpy())
+
     def save(self):
         """A checkpoint of the variables as they stand, named after the
         global step it holds, which it returns. One that cannot be written
@@ -481,8 +492,8 @@ class Checkpoints:
     def save_now(self, read_secs):
         """A checkpoint for a preemption, from the signals' thread or as a
         ps is preempted: of the variables as they stand, or, if they cannot
-        be read within read_secs, as they were last read (they are, every
-        few seconds: Tf2Task.join()); says what it saved."""
+        be read within read_secs, as they were last read (follow(), as
+        Tf2Task.join() waits); says what it saved."""
         if not self.manager:
             return 'has no --logdir to save the model in'
         how = ''

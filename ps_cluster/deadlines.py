@@ -23,10 +23,9 @@ class Deadline:
         return 'within %g s (%s)' % (self.secs, self.flag)
 
 
-def call_within(secs, function, *args):
-    """function(*args)'s value, or its exception, from a thread of its own;
-    TimeoutError once secs have passed: the thread is left to the call,
-    which may wait on a frozen ps for good."""
+def in_thread(function, *args):
+    """A Future of function(*args), called in a daemon thread of its own:
+    one that waits on a frozen ps for good is left to it."""
     future = concurrent.futures.Future()
 
     def call():
@@ -35,8 +34,15 @@ def call_within(secs, function, *args):
         except Exception as e:  # raised again in the caller's thread
             future.set_exception(e)
     threading.Thread(target=call, daemon=True).start()
+    return future
+
+
+def call_within(secs, function, *args):
+    """function(*args)'s value, or its exception, from a thread of its own;
+    TimeoutError once secs have passed: the thread is left to the call,
+    which may wait on a frozen ps for good."""
     try:
-        return future.result(secs)
+        return in_thread(function, *args).result(secs)
     except concurrent.futures.TimeoutError:  # TimeoutError from Python 3.11
         raise TimeoutError('no answer within %g s' % secs)
 

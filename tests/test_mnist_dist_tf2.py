@@ -316,14 +316,17 @@ time.sleep(0.1)
 print(checkpoints.save_now(60))
 epoch.join()
 print('at once', most[0])
-# The variables read, as the coordinator reads them every few seconds; then
-# a preemption's read cannot be made (a broken connection): the values last
-# read are saved.
+# The variables read, as the coordinator follows them every few seconds;
+# then a preemption's read cannot be made (a broken connection): the values
+# last read are saved.
 variables['global_step'].assign_add(1)
-checkpoints.read()
+checkpoints.follow()
 checkpoints.read = threading.Event().wait
 print(checkpoints.save_now(0.5))
 print(checkpoints.manager.latest_checkpoint.rpartition('-')[2])
+# Without a logdir, nothing to save: the global step alone is read.
+print(tf2_utils.Checkpoints(None, dict(variables, w=object()),
+                            'coordinator').follow())
 '''
 
 
@@ -336,14 +339,15 @@ def test_checkpoints_hold_the_step_they_are_named_after(tmp_path):
     lines = ran.stdout.splitlines()
     steps = [int(re.fullmatch(r'saved the model at global_step=(\d+)',
                               line).group(1)) for line in lines[:20]]
-    kept = [line.split()[1:] for line in lines[20:-7]]
+    kept = [line.split()[1:] for line in lines[20:-8]]
     assert len(kept) == 5 and all(named == held for named, held in kept)
     assert {int(named) for named, _ in kept} <= set(steps)
-    step = int(lines[-7])
-    assert lines[-6:] == [
+    step = int(lines[-8])
+    assert lines[-7:] == [
         'None', str(step + 1), 'saved the model at global_step=%d' % (
             step + 2), 'at once 1', 'saved the model at global_step=%d as '
-        'last read (no answer within 0.5 s)' % (step + 3), str(step + 3)]
+        'last read (no answer within 0.5 s)' % (step + 3), str(step + 3),
+        str(step + 3)]
     assert re.fullmatch(
         r'coordinator: error: cannot save a checkpoint in --logdir=%s \(.+\); '
         r'training goes on' % re.escape(str(tmp_path)),
