@@ -20,7 +20,7 @@ from absl import flags
 import mnist_data
 from ps_cluster import (errors, evaluator, exits, liveness, placement,
                         probes, server, sources)
-from ps_cluster.deadlines import poll
+from ps_cluster.deadlines import Outage, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir, marker
@@ -514,8 +514,11 @@ class Task:
                                  last_step)  # it may end the task
         # Its threads' failures raised in the main thread, which is ended
         # only if stuck in TensorFlow.
-        watch = StallWatch(self.end, self.place, FLAGS.stall_timeout,
-                           FLAGS.ps_timeout, self.elastic)
+        # One clock for the wait for a lost ps, which the stall watch and
+        # the session's recovery both read.
+        outage = Outage(FLAGS.ps_timeout, '--ps_timeout')
+        watch = StallWatch(self.end, self.place, FLAGS.stall_timeout, outage,
+                           self.elastic)
         watch.start()
         creator = SessionCreator(sv, worker_server, self.config, self.place,
                                  [tokens] if tokens else [], watch,
@@ -523,7 +526,7 @@ class Task:
                                  FLAGS.preemption_grace, self.logdir, tokens,
                                  self.slot)
         try:
-            sess = RecoverableSession(creator, FLAGS.ps_timeout).open()
+            sess = RecoverableSession(creator, outage).open()
         except probes.NotUp as e:
             # The ps tasks leave once the run has ended: an elastic run's,
             # once the chief and the workers that came have.

@@ -11,6 +11,8 @@ from ps_cluster import probes, server
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
+# How long a word's read or write may take.
+RUN_SECS = 2
 # A word of the coordinator's: it finished its run.
 DONE = 'done'
 # A server's word that a scheduler preempted it (SIGTERM), which the
@@ -134,7 +136,8 @@ def read(name, address):
     with tf.Graph().as_default() as graph:
         fetch = _word(name)
     try:
-        word = call_within(2, _run, name, address, graph, fetch)
+        word = call_within(RUN_SECS, server.call_once, address, name, graph,
+                           fetch, RUN_SECS)
     except TimeoutError:
         return None
     return word and word.decode()
@@ -142,15 +145,5 @@ def read(name, address):
 
 def _set(name, address, word):
     with tf.Graph().as_default() as graph:
-        return _run(name, address, graph, _word(name).assign(word)) is not None
-
-
-def _run(name, address, graph, fetch):
-    """fetch, run on the task `name` at address in a session of its own;
-    None if it is not set up yet, or does not answer."""
-    try:
-        with tf.Session('grpc://' + address, graph=graph,
-                        config=server.call_config(name)) as sess:
-            return sess.run(fetch, options=tf.RunOptions(timeout_in_ms=2000))
-    except tf.errors.OpError:
-        return None
+        return server.call_once(address, name, graph, _word(name).assign(
+            word), RUN_SECS) is not None

@@ -1,5 +1,6 @@
-"""Waiting within a deadline: a wait's deadline, a call that may block for
-good in TensorFlow, and a condition polled until it holds."""
+"""Waiting within a deadline: a wait's deadline, the clock of a loss that
+may come back, a call that may block for good in TensorFlow, and a
+condition polled until it holds."""
 
 import concurrent.futures
 import threading
@@ -21,6 +22,34 @@ class Deadline:
 
     def __str__(self):
         return 'within %g s (%s)' % (self.secs, self.flag)
+
+
+class Outage:
+    """A loss that may come back (a ps task), waited for `secs`, which the
+    flag `flag` sets, from when any thread first found it until it is over:
+    the one clock of that wait, which the threads that enforce it read."""
+
+    def __init__(self, secs, flag):
+        self.secs, self.flag = secs, flag
+        self._lock = threading.Lock()
+        self._since = None
+
+    def found(self):
+        """Since when (time.monotonic()) the loss is known: from the first
+        call on, until over()."""
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+            return self._since
+
+    def over(self):
+        """The loss is over: a step, or a new session."""
+        with self._lock:
+            self._since = None
+
+    def deadline(self):
+        """The wait's Deadline, from when the loss was first found."""
+        return Deadline(self.secs, self.flag, since=self.found())
 
 
 def in_thread(function, *args):

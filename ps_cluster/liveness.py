@@ -169,13 +169,8 @@ def read_alone(cluster, variable):
                             name=variable.op.name,
                             use_resource=variable.op.type == 'VarHandleOp'
                             ).value()
-    try:
-        with tf.Session('grpc://' + cluster.task_address('ps', where.task),
-                        graph=graph, config=server.call_config(
-                            '/job:ps/task:%d' % where.task)) as sess:
-            return sess.run(value, options=Watchdog.RUN_OPTIONS)
-    except tf.errors.OpError:
-        return None
+    return server.call_once(cluster.task_address('ps', where.task),
+                            '/job:ps/task:%d' % where.task, graph, value)
 
 
 def say_saved(cluster, word):
@@ -220,14 +215,8 @@ def _run_on_ps(cluster, k, fetches):
     with tf.Graph().as_default() as graph:
         ops = fetches(*[c for [c] in counters(cluster.num_tasks('worker'),
                                               [k])])
-    try:
-        with tf.Session('grpc://' + cluster.task_address('ps', k),
-                        graph=graph,
-                        config=server.call_config('/job:ps/task:%d' % k)
-                        ) as sess:
-            return sess.run(ops, options=Watchdog.RUN_OPTIONS)
-    except tf.errors.OpError:
-        return None
+    return server.call_once(cluster.task_address('ps', k),
+                            '/job:ps/task:%d' % k, graph, ops)
 
 
 # ------------------------------------------------------ a worker's beats

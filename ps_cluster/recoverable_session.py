@@ -5,7 +5,7 @@ its creator makes once the ps answers again."""
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors, liveness
-from ps_cluster.deadlines import Deadline, poll
+from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.liveness import Watchdog
 
@@ -13,11 +13,12 @@ from ps_cluster.liveness import Watchdog
 class RecoverableSession:
     """The session of `creator` (session_start.SessionCreator), created at
     open(), and again whenever a run or the close meets a lost ps, attempt
-    after attempt until `secs` (--ps_timeout) have passed since the loss
-    was first found (StallWatch.lost()); only the main thread runs in it."""
+    after attempt until the wait for it, on the clock `outage` (a
+    deadlines.Outage, --ps_timeout's) that the stall watch reads too, is
+    over; only the main thread runs in it."""
 
-    def __init__(self, creator, secs):
-        self.creator, self.secs = creator, secs
+    def __init__(self, creator, outage):
+        self.creator, self.outage = creator, outage
         self.session = None
 
     def open(self):
@@ -38,8 +39,7 @@ class RecoverableSession:
 
     def _recover(self, error):
         # One wait a loss, from when it was found, every attempt within it.
-        deadline = Deadline(self.secs, '--ps_timeout',
-                            since=self.creator.watch.lost())
+        deadline = self.outage.deadline()
         # Meanwhile this worker beats on the ps tasks that stayed; an
         # attempt each of the Watchdog's polls.
         place = self.creator.place
@@ -53,7 +53,7 @@ class RecoverableSession:
                     if isinstance(error, errors.Stuck) else
                     '%s, which did not come back %s'
                     % (self.creator.lost(error), deadline))
-        self.creator.watch.lost(found=False)
+        self.outage.over()
 
     def _attempt(self, deadline=None):
         """A new session, which asks whether the ps tasks are back within

@@ -54,23 +54,31 @@ def session_config(job, index, gpu=None, gpu_memory_fraction=None,
     return config
 
 
-# How long each step of a one-call session may take: its creation, its
-# run, its close.
+# How long each step of a one-call session (call_once()) may take: its
+# creation, its run, its close.
 CALL_SECS = 5
 
 
-def call_config(task):
-    """The config of a session of its own that makes a call on `task`
-    alone (/job:J/task:T), over a connection of its own: a connection
-    shared with the task's other sessions may carry no call for minutes
-    once a network cut has healed (TCP's retransmissions back off), and a
-    task's last words must get through. Each step of it fails after
-    CALL_SECS: a frozen task accepts connections, and a run's own timeout
-    leaves the session's creation and close without one."""
+def call_once(address, task, graph, fetches, secs=CALL_SECS):
+    """fetches of graph, run on `task` (/job:J/task:T) at address in a
+    session of its own, over a connection of its own: a connection shared
+    with the task's other sessions may carry no call for minutes once a
+    network cut has healed (TCP's retransmissions back off), and a task's
+    last words must get through. Each step of it, the session's creation,
+    its run and its close, fails after secs: a frozen task accepts
+    connections, and a run's own timeout leaves the others without one.
+    None if what it reads is not set up yet, or the task does not
+    answer."""
     config = tf.ConfigProto(device_filters=[task],
-                            operation_timeout_in_ms=CALL_SECS * 1000)
+                            operation_timeout_in_ms=int(secs * 1000))
     config.rpc_options.disable_session_connection_sharing = True
-    return config
+    try:
+        with tf.Session('grpc://' + address, graph=graph,
+                        config=config) as sess:
+            return sess.run(fetches, options=tf.RunOptions(
+                timeout_in_ms=int(secs * 1000)))
+    except tf.errors.OpError:
+        return None
 
 
 def on_host(addresses, address):

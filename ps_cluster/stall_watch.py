@@ -17,7 +17,7 @@ class StallWatch(threading.Thread):
     the coordinator of the session being made or run (store_in()).
 
     No failure stored: a call during which the step has stood still for
-    `secs`, or for `ps_secs` while a ps task does not answer (for
+    `secs`, or for `outage.secs` while a ps task does not answer (for
     liveness.GONE_SECS: a probe may fail as a cut heals), is a failure,
     which names the ps tasks that do not answer, else the workers whose
     beats stand still (`place`, this worker's; in an `elastic` run, of
@@ -30,8 +30,9 @@ class StallWatch(threading.Thread):
     close, the watch ends the worker (`end`), its last resort: TensorFlow
     waits for a ps that is gone with no timeout as it opens a session, and
     a frozen ps blocks even the closing. A lost ps's failure closes
-    nothing, and ends the worker only once `ps_secs` have passed since the
-    loss was first found (lost())."""
+    nothing, and ends the worker only once the wait for it is over:
+    `outage` (a deadlines.Outage, --ps_timeout's) is the clock of that
+    wait, which a recovery reads too."""
 
     # How often it looks at the main thread's call; a probe it makes may
     # take ten polls (_within()).
@@ -39,35 +40,22 @@ class StallWatch(threading.Thread):
     # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
 
-    def __init__(self, end, place, secs, ps_secs, elastic=False):
+    def __init__(self, end, place, secs, outage, elastic=False):
         super().__init__(daemon=True, name='stall watch')
         self.end, self.place, self.elastic = end, place, elastic
-        self.secs, self.ps_secs = secs, ps_secs
+        self.secs, self.outage = secs, outage
         # The Watchdog writes the step, the main thread its call and the
         # coordinator.
         self._lock = threading.Lock()
         self._step, self._moved = None, time.monotonic()
         self._call, self._coord = None, None
-        # The step at which a new session was last tried for a stuck run;
-        # since when a ps is lost, until a new session is made or a step.
-        self._stuck_at = self._lost_at = None
+        # The step at which a new session was last tried for a stuck run.
+        self._stuck_at = None
         # Whether a new session was tried for a run stuck alone, until a
         # training run returns; since when a ps has not answered the watch's probes,
         # until one answers or a step.
         self._alone, self._silent_since = False, None
         self._closed = threading.Event()
-
-    def lost(self, found=True):
-        """Since when (time.monotonic()) the ps that this worker waits for
-        is lost: --ps_timeout counts from the first that found it (this
-        watch, a run, a recovery) until a step, or a new session (`found`
-        False: the loss is over)."""
-        with self._lock:
-            if not found:
-                self._lost_at = None
-            elif self._lost_at is None:
-                self._lost_at = time.monotonic()
-            return self._lost_at
 
     def store_in(self, coord):
         """From now on, what the watch finds goes to coord, a new
@@ -80,8 +68,8 @@ class StallWatch(threading.Thread):
         differs from the one read before."""
         with self._lock:
             if value != self._step and self._step is not None:
-                self._moved, self._lost_at = time.monotonic(), None
-                self._silent_since = None
+                self._moved, self._silent_since = time.monotonic(), None
+                self.outage.over()
             self._step = value
 
     @contextlib.contextmanager
@@ -126,8 +114,8 @@ class StallWatch(threading.Thread):
                 if call[1] is not None and not lost:
                     self._within(call[1].close)
                 stuck = call, time.monotonic()
-            elif time.monotonic() > (self.lost() + self.ps_secs if lost
-                                     else stuck[1] + self.GRACE_SECS):
+            elif (not self.outage.deadline().left() if lost
+                  else time.monotonic() > stuck[1] + self.GRACE_SECS):
                 with self._lock:
                     still = self._call is call
                 if still:
@@ -156,7 +144,7 @@ class StallWatch(threading.Thread):
                                    'session too' % line)
             return self._stuck(coord, line)
         if deadline and deadline.left() or not deadline and idle <= min(
-                self.secs, self.ps_secs):
+                self.secs, self.outage.secs):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
         # Silent once it has not answered for GONE_SECS: a probe may fail
@@ -196,7 +184,7 @@ class StallWatch(threading.Thread):
                         '(--stall_timeout), waiting in %s, while every task '
                         'answers' % (secs, what))
         elif silent:
-            secs, flag = self.ps_secs, '--ps_timeout'
+            secs, flag = self.outage.secs, self.outage.flag
         else:
             return None
         return errors.fail(
@@ -215,11 +203,11 @@ class StallWatch(threading.Thread):
         over."""
         if not errors.is_lost(failure) or isinstance(failure, errors.Stuck):
             return errors.what_went_wrong(failure)
-        return '%s, which did not come back within %g s (--ps_timeout)' % (
+        return '%s, which did not come back %s' % (
             errors.lost_connection(
                 self.place, failure,
                 self._within(probes.silent, self.place.cluster, 'ps') or ()),
-            self.ps_secs)
+            self.outage.deadline())
 
     def _within(self, function, *args):
         """function(*args), or None if it blocks past POLL_SECS * 10 (a

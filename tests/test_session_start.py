@@ -21,7 +21,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, server, session_start  # noqa: E402
-from ps_cluster.deadlines import Deadline  # noqa: E402
+from ps_cluster.deadlines import Deadline, Outage  # noqa: E402
 from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
@@ -69,7 +69,7 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     session's coordinator, `coord`, holds what its threads met."""
     spec, servers = cluster
     place = Place(spec, 'worker', index)
-    watch = StallWatch(None, place, 60, 60)
+    watch = StallWatch(None, place, 60, Outage(60, '--ps_timeout'))
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,

@@ -23,7 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, probes  # noqa: E402
-from ps_cluster.deadlines import Deadline, poll  # noqa: E402
+from ps_cluster.deadlines import Deadline, Outage, poll  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.stall_watch import StallWatch  # noqa: E402
 
@@ -73,7 +73,8 @@ def die(monkeypatch):
 def started(die, secs=60, ps_secs=60):
     """A watch started, storing in the coordinator of a session: its
     `coord`."""
-    watch = StallWatch(die, Place(CLUSTER, 'worker', 0), secs, ps_secs)
+    watch = StallWatch(die, Place(CLUSTER, 'worker', 0), secs,
+                       Outage(ps_secs, '--ps_timeout'))
     watch.coord = tf.train.Coordinator()
     watch.store_in(watch.coord)
     watch.start()
@@ -133,20 +134,23 @@ def test_a_loss_is_waited_for_from_when_it_was_first_found(die):
     # Found by a recovery 60 s ago (--ps_timeout 60): a run that meets it
     # now has none of the wait left, and the worker ends at once.
     watch = started(die, ps_secs=60)
-    assert watch.lost() == watch.lost()  # one loss, one start
-    watch._lost_at -= 60
+    watch.outage.found()
+    watch.outage._since -= 60
     with watch.calling('a training run', Session(cancels=False)):
         lost = tf.errors.UnavailableError(None, None, 'Socket closed')
         watch.coord.request_stop((type(lost), lost, None))
         assert die.first().endswith('within 60 s (--ps_timeout)')
-    # Over once a new session is made, or a step.
-    assert watch.lost(found=False) is None
+
+
+def test_a_step_ends_a_loss(die):
+    watch = started(die)
     watch.step(6)
-    watch.lost()
+    since = watch.outage.found()
     watch.step(6)  # read again: no step
-    assert watch._lost_at is not None
+    assert watch.outage.found() == since
     watch.step(7)
-    assert watch._lost_at is None
+    assert watch.outage.found() > since  # a loss found anew
+    watch.close()
 
 
 def test_no_step_for_secs_during_a_call_names_the_silent_workers(die):
