@@ -105,26 +105,10 @@ class Word:
 
 def tell(tasks, word, secs):
     """Sets `word` on each of tasks ({name: address}) that answers, in
-    sessions of its own, within secs in all; returns the names of those it
-    could not tell."""
-    untold = dict(tasks)
-
-    def tell_those_up():
-        nonlocal untold
-        for name, address in list(untold.items()):
-            # A frozen task accepts connections, and a session's run on it
-            # can block past its timeout: only those that answer. Bound
-            # anew as each is told, not changed: the caller reads it once
-            # the time is up.
-            if probes.answers(address, 1.0) and _set(name, address, word):
-                untold = {other: where for other, where in untold.items()
-                          if other != name}
-        return not untold
-    try:
-        call_within(secs, poll, tell_those_up, secs, 0.2)
-    except TimeoutError:  # a task froze as it was told
-        pass
-    return sorted(untold)
+    sessions of its own, within secs (probes.tell_each()); returns the
+    names of those it could not tell."""
+    return probes.tell_each(tasks, lambda name: _set(name, tasks[name], word),
+                            secs)
 
 
 def read(name, address):

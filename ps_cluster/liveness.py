@@ -92,22 +92,15 @@ def say_left(cluster, task_index, reason, secs=0, slot=None):
                 reasons, [task_index], [reason])]):
             return tf.scatter_update(beats, [task_index],
                                      tf.constant([LEFT], tf.int64))
-    untold = list(range(cluster.num_tasks('ps')))
-
-    def tell_those_up():
-        for k in list(untold):
-            # Opening a session waits with no timeout for a ps not there,
-            # and a frozen one accepts connections.
-            if probes.answers(cluster.task_address('ps', k), 1.0) and (
-                    _run_on_ps(cluster, k, mark) is not None):
-                untold.remove(k)
-        return not untold
     slot = slot or Slot()
     # A first beat that waits on a frozen ps holds the slot: tell anyway.
     held = slot.lock.acquire(timeout=1)
     try:
         slot.left = True
-        poll(tell_those_up, secs, 0.2)
+        probes.tell_each(
+            {k: cluster.task_address('ps', k)
+             for k in range(cluster.num_tasks('ps'))},
+            lambda k: _run_on_ps(cluster, k, mark) is not None, secs)
     finally:
         if held:
             slot.lock.release()

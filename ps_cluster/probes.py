@@ -1,11 +1,14 @@
 """Whether another task is up: its port open, its server answering a call
-within a deadline; and the start-up wait for them."""
+within a deadline; the start-up wait for them; and a word told to each
+that answers."""
 
+import contextlib
 import socket
 
 import grpc
 
-from ps_cluster.deadlines import poll
+from ps_cluster import server
+from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
 
@@ -23,6 +26,29 @@ def answers(address, timeout=2.0):
             return True
         except grpc.RpcError:
             return False
+
+
+def tell_each(tasks, tell, secs):
+    """tell(name) for each of tasks ({name: address}) that answers, until
+    it says it told; those not told yet, again every 0.2 s for secs, and
+    the last try within server.CALL_SECS more (a task that froze as it was
+    told holds one for good). Returns the names of those it could not
+    tell."""
+    untold = dict(tasks)
+
+    def tell_those_up():
+        nonlocal untold
+        for name, address in list(untold.items()):
+            # A frozen task accepts connections: only those that answer.
+            # Bound anew as each is told, not changed: the caller reads it
+            # once the time is up.
+            if answers(address, 1.0) and tell(name):
+                untold = {other: where for other, where in untold.items()
+                          if other != name}
+        return not untold
+    with contextlib.suppress(TimeoutError):
+        call_within(secs + server.CALL_SECS, poll, tell_those_up, secs, 0.2)
+    return sorted(untold)
 
 
 def is_listening(address, timeout=1.0):
