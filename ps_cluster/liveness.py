@@ -139,8 +139,8 @@ def beat_alone(cluster, task_index):
     Watchdog reads with its beats: each ps's farewell (None where one does
     not answer), and the departures counted on ps 0 (None likewise)."""
     def beat_op(beats, departures, farewell, _):
-        return [tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64)),
-                farewell, tf.reduce_sum(departures)]
+        beat = tf.scatter_add(beats, [task_index], tf.constant([1], tf.int64))
+        return [beat, farewell, tf.reduce_sum(departures)]
     farewells, departed = [], None
     for k, address in enumerate(cluster.job_tasks('ps')):
         read = (_run_on_ps(cluster, k, beat_op)
@@ -153,15 +153,15 @@ def beat_alone(cluster, task_index):
 
 def read_alone(cluster, variable):
     """The value of `variable`, a variable of the training graph that lies
-    on a ps task (/job:ps/task:K), read there in a session of its own, over a connection of
-    its own; None if the ps does not answer."""
+    on a ps task (/job:ps/task:K), read there in a session of its own, over
+    a connection of its own; None if the ps does not answer."""
     where = tf.DeviceSpec.from_string(variable.device)
     with tf.Graph().as_default() as graph, tf.device(variable.device):
         # The same variable, by its name, where it lies.
-        value = tf.Variable(tf.zeros(variable.shape, variable.dtype.base_dtype),
-                            name=variable.op.name,
-                            use_resource=variable.op.type == 'VarHandleOp'
-                            ).value()
+        value = tf.Variable(
+            tf.zeros(variable.shape, variable.dtype.base_dtype),
+            name=variable.op.name,
+            use_resource=variable.op.type == 'VarHandleOp').value()
     return server.call_once(cluster.task_address('ps', where.task),
                             '/job:ps/task:%d' % where.task, graph, value)
 

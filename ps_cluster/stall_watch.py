@@ -52,8 +52,8 @@ class StallWatch(threading.Thread):
         # The step at which a new session was last tried for a stuck run.
         self._stuck_at = None
         # Whether a new session was tried for a run stuck alone, until a
-        # training run returns; since when a ps has not answered the watch's probes,
-        # until one answers or a step.
+        # training run returns; since when a ps has not answered the
+        # watch's probes, until one answers or a step.
         self._alone, self._silent_since = False, None
         self._closed = threading.Event()
 
