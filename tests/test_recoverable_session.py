@@ -254,7 +254,7 @@ def test_a_recovery_beats_on_the_ps_that_stayed(shared_cluster, monkeypatch):
     lost = tf.errors.UnavailableError(None, None, 'Socket closed')
     sess.session.coord.request_stop((type(lost), lost, None))
     sess.session.watchdog.join()  # its beats stop with the session
-    sess.creator.watch._lost_at = time.monotonic() - 7  # 3 s left
+    sess.outage._since = time.monotonic() - 7  # 3 s left
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: [1])
     before = ps0.sess.run(ps0.beats)[0]
     with pytest.raises(TaskFailed, match='which did not come back'):
@@ -264,7 +264,7 @@ def test_a_recovery_beats_on_the_ps_that_stayed(shared_cluster, monkeypatch):
 
 def test_a_stuck_run_that_no_new_session_carries_on_says_so(ps, monkeypatch):
     sess, _, _ = recoverable_session(ps.place.cluster, [])
-    sess.creator.watch._lost_at = time.monotonic() - 10  # no wait left
+    sess.outage._since = time.monotonic() - 10  # no wait left
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: [0])
     stuck = errors.Stuck(None, None, 'no new global step for 60 s '
                          '(--stall_timeout), waiting in a training run, '
@@ -409,7 +409,7 @@ def test_a_recovery_waits_for_a_loss_once_from_when_it_was_found(
     # meets it now: the recovery has no wait left, and makes one attempt,
     # which finds the ps still silent.
     sess, _, _ = recoverable_session(ps.place.cluster, [])
-    sess.creator.watch._lost_at = time.monotonic() - 10
+    sess.outage._since = time.monotonic() - 10
     attempts, create = [], sess.creator.create_session
     monkeypatch.setattr(sess.creator, 'create_session', lambda deadline: (
         attempts.append(deadline) or create(deadline)))
