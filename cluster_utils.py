@@ -76,10 +76,11 @@ flags.DEFINE_integer('validation_size', 5000,
                      'Training images held out for validation.', lower_bound=0)
 flags.DEFINE_integer('pool_threads', 0,
                      'Threads in each of this task\'s thread pools: '
-                     'TensorFlow\'s intra-op and inter-op pools, and its '
-                     'gRPC client\'s. 0: its share of the CPUs it may use '
-                     '(its affinity, its cgroup\'s quota), divided among '
-                     'the cluster\'s tasks on its host.', lower_bound=0)
+                     'TensorFlow\'s intra-op and inter-op pools (a '
+                     'worker\'s inter-op pool at least 2), and its gRPC '
+                     'client\'s. 0: its share of the CPUs it may use (its '
+                     'affinity, its cgroup\'s quota), divided among the '
+                     'cluster\'s tasks on its host.', lower_bound=0)
 flags.DEFINE_list('gpu_jobs', ['worker'],
                   'The tasks that use a GPU, by job: worker, ps, evaluator, '
                   'coordinator (mnist_dist_tf2.py\'s worker 0); empty '
@@ -282,7 +283,7 @@ class Task:
                 threads, why = FLAGS.pool_threads, '--pool_threads'
             else:
                 threads, why = server.cpu_share(self.cluster, self.address)
-            inter = (' (%d inter-op: a long op leaves its beats one)'
+            inter = (' (%d inter-op: a long op leaves the others one)'
                      % server.WORKER_INTER_OP if self.job_name == 'worker'
                      and threads < server.WORKER_INTER_OP else '')
             print('%s: %d thread(s) a pool%s: %s' % (self.name, threads,
@@ -527,12 +528,14 @@ class Task:
                                  self.slot)
         try:
             sess = RecoverableSession(creator, outage).open()
-        except probes.NotUp as e:
+        except TaskFailed as e:
             # The ps tasks leave once the run has ended: an elastic run's,
             # once the chief and the workers that came have.
-            self._came_after_the_end(self._marked_end(),
-                                     last_step)  # it may end the task
-            if self.elastic:
+            self._came_after_the_end(self._marked_end(
+                waited=isinstance(e, probes.NotUp)),
+                last_step)  # it may end the task
+            # A ps that never came up may have left with the run.
+            if self.elastic and isinstance(e, probes.NotUp):
                 raise TaskFailed('%s; the run may have ended before this '
                                  'worker came' % e.message)
             raise
@@ -547,17 +550,19 @@ class Task:
                 FLAGS.preemption_grace)
         return sess
 
-    def _marked_end(self):
+    def _marked_end(self, waited=False):
         """The global step at which the chief ended its run, from its marker
         in --logdir, for a worker of an elastic run other than the chief,
-        once no ps task has come up for STARTUP_GRACE_SECS; else None. A
-        run ends as its ps tasks leave: a marker beside a ps that listens
-        is an earlier run's, which this run's chief has yet to remove."""
+        once no ps task has come up for STARTUP_GRACE_SECS (or it `waited`
+        for them already, in vain); else None. A run ends as its ps tasks
+        leave: a marker beside a ps that listens is an earlier run's, which
+        this run's chief has yet to remove (one slower to come up than that
+        is taken for a run that ended)."""
         if not (self.elastic and not self.is_chief and FLAGS.logdir):
             return None
         ps = self.place.cluster.job_tasks('ps')
         if poll(lambda: any(map(probes.is_listening, ps)),
-                STARTUP_GRACE_SECS, 0.2):
+                0 if waited else STARTUP_GRACE_SECS, 0.2):
             return None
         return marker(FLAGS.logdir, CHIEF_DONE, 0)
 

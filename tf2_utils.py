@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 import tensorflow as tf
 from absl import flags
@@ -263,7 +264,7 @@ class Tf2Task:
         them."""
         one_line = sys.excepthook
 
-        def on_error(kind, error, traceback):
+        def on_error(kind, error, trace):
             if self.end.ending():
                 # The others, told, leave: what fails then says nothing,
                 # and the thread that ends the task ends the process.
@@ -280,8 +281,10 @@ class Tf2Task:
                                      'cannot use: one each, or none '
                                      '(--gpu_jobs)')
             except TaskFailed as e:
+                if FLAGS.tracebacks:
+                    traceback.print_exception(kind, error, trace)
                 self.end.fail(e.message, e.status)
-            one_line(kind, error, traceback)
+            one_line(kind, error, trace)
         sys.excepthook = on_error
 
     def _check_workers(self):

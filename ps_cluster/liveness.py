@@ -126,8 +126,9 @@ def beating(cluster, task_index):
     finally:
         coord.request_stop()
         try:
-            coord.join([thread], stop_grace_period_secs=3 * server.CALL_SECS,
-                       ignore_live_threads=True)
+            # A beat's one-call session on each ps: three steps each.
+            coord.join([thread], stop_grace_period_secs=3 * server.CALL_SECS
+                       * cluster.num_tasks('ps'), ignore_live_threads=True)
         except Exception:
             if ended:
                 raise
@@ -154,16 +155,20 @@ def beat_alone(cluster, task_index):
 def read_alone(cluster, variable):
     """The value of `variable`, a variable of the training graph that lies
     on a ps task (/job:ps/task:K), read there in a session of its own, over
-    a connection of its own; None if the ps does not answer."""
+    a connection of its own; None if the ps does not answer (a frozen one
+    is passed over, as a beat passes it over)."""
     where = tf.DeviceSpec.from_string(variable.device)
+    address = cluster.task_address('ps', where.task)
+    if not probes.answers(address, Watchdog.POLL_SECS):
+        return None
     with tf.Graph().as_default() as graph, tf.device(variable.device):
         # The same variable, by its name, where it lies.
         value = tf.Variable(
             tf.zeros(variable.shape, variable.dtype.base_dtype),
             name=variable.op.name,
             use_resource=variable.op.type == 'VarHandleOp').value()
-    return server.call_once(cluster.task_address('ps', where.task),
-                            '/job:ps/task:%d' % where.task, graph, value)
+    return server.call_once(address, '/job:ps/task:%d' % where.task, graph,
+                            value)
 
 
 def say_saved(cluster, word):

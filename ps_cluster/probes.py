@@ -31,9 +31,9 @@ def answers(address, timeout=2.0):
 def tell_each(tasks, tell, secs):
     """tell(name) for each of tasks ({name: address}) that answers, until
     it says it told; those not told yet, again every 0.2 s for secs, and
-    the last try within server.CALL_SECS more (a task that froze as it was
-    told holds one for good). Returns the names of those it could not
-    tell."""
+    the last pass within the time a try of each may take (a probe, and a
+    one-call session's three steps) more: a task that froze as it was told
+    holds one for good. Returns the names of those it could not tell."""
     untold = dict(tasks)
 
     def tell_those_up():
@@ -47,7 +47,8 @@ def tell_each(tasks, tell, secs):
                           if other != name}
         return not untold
     with contextlib.suppress(TimeoutError):
-        call_within(secs + server.CALL_SECS, poll, tell_those_up, secs, 0.2)
+        call_within(secs + len(tasks) * (1 + 3 * server.CALL_SECS), poll,
+                    tell_those_up, secs, 0.2)
     return sorted(untold)
 
 

@@ -29,7 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, ps_task, server, sources  # noqa: E402
-from ps_cluster.deadlines import Deadline, call_within, poll  # noqa: E402
+from ps_cluster.deadlines import Deadline, call_within  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
@@ -296,12 +296,15 @@ def test_a_recovery_s_beats_end_with_it_and_say_what_failed(shared_cluster,
         pass
     assert set(threading.enumerate()) <= before
 
+    failed = threading.Event()
+
     def beat_alone(*_):
+        failed.set()
         raise ValueError('a mistake of ours')
     monkeypatch.setattr(liveness, 'beat_alone', beat_alone)
     with pytest.raises(ValueError, match='a mistake of ours'):
         with liveness.beating(cluster, 1):
-            time.sleep(2 * liveness.Watchdog.POLL_SECS)
+            assert failed.wait(30)
 
 
 class StuckSession:
@@ -358,11 +361,29 @@ def test_a_watchdog_beating_alone_reads_the_step_and_the_farewells(
                 step = tf.train.get_or_create_global_step()
             with tf.Session('grpc://' + cluster.task_address('ps', 0)) as sess:
                 sess.run(step.assign(7))
-        assert poll(lambda: steps.get(timeout=15) == 7, 30, 0)
+        told, deadline = None, time.monotonic() + 30
+        while told != 7 and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                told = steps.get(timeout=1)
+        assert told == 7
         ps.tell_workers('the ps was told to stop', 1)
         assert stored_failure(dog) == (
             'lost the connection to /job:ps/task:0 (%s), which ended: '
             '"the ps was told to stop"' % cluster.task_address('ps', 0))
+
+
+def test_a_read_alone_passes_over_a_frozen_ps(free_ports):
+    # As a beat alone does: no one-call session's deadlines waited out on it.
+    port = free_ports(1)[0]
+    with socket.create_server(('127.0.0.1', port)):
+        cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:%d' % port],
+                                        'worker': ['127.0.0.1:1']})
+        with tf.Graph().as_default():
+            with tf.device('/job:ps/task:0'):
+                step = tf.train.get_or_create_global_step()
+        started = time.monotonic()
+        assert liveness.read_alone(cluster, step) is None
+        assert time.monotonic() - started < server.CALL_SECS
 
 
 def test_a_call_on_a_ps_that_accepts_and_never_answers_gives_up(free_ports):
