@@ -182,12 +182,12 @@ def say_saved(cluster, word):
                        '%s; the chief %s' % (PREEMPTED, word), farewell)))
 
 
-def preempted(cluster):
-    """Whether a ps task says it was preempted: it answers until the chief
-    has saved; one started again says nothing."""
-    return any((_run_on_ps(cluster, k, lambda *counters: counters[2]) or b''
-                ).decode().startswith(PREEMPTED)
-               for k in range(cluster.num_tasks('ps')))
+def farewells(cluster):
+    """Each ps task's farewell: PREEMPTED while it waits for the chief's
+    save, then with the chief's word after it; '' where it says nothing
+    (one started again) or does not answer."""
+    return [(_run_on_ps(cluster, k, lambda *counters: counters[2]) or b''
+             ).decode() for k in range(cluster.num_tasks('ps'))]
 
 
 def silent_workers(place, came_only=False):

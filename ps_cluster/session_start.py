@@ -43,6 +43,8 @@ class SessionCreator(tf.train.SessionCreator):
         self.startup_timeout = startup_timeout
         self.preemption_grace = preemption_grace
         self.session = None  # the last one created
+        # Whether the chief saved for a preempted ps in this recovery.
+        self.saved = False
 
     def create_session(self, deadline=None):
         """One attempt: a CoordinatedSession; or the error of a lost ps
@@ -58,10 +60,19 @@ class SessionCreator(tf.train.SessionCreator):
         else:
             with self.watch.calling("reading the ps tasks' farewells",
                                     deadline=deadline or start):
-                if probes.silent(self.place.cluster, 'ps') or (
-                        liveness.preempted(self.place.cluster)):
-                    raise tf.errors.UnavailableError(
-                        None, None, 'a ps task is not back')
+                silent = probes.silent(self.place.cluster, 'ps')
+                farewells = ([] if silent
+                             else liveness.farewells(self.place.cluster))
+            # A ps preempted during a recovery (one from a network cut, say)
+            # waits for the chief's save as one preempted at its start does.
+            if (self.sv.is_chief and not self.saved
+                    and liveness.PREEMPTED in farewells):
+                self.saved = True
+                print('worker=0: %s' % self.preempted(hold=True), flush=True)
+            if silent or any(word.startswith(liveness.PREEMPTED)
+                             for word in farewells):
+                raise tf.errors.UnavailableError(None, None,
+                                                 'a ps task is not back')
             # Once the ps answers: closing a session waits on a ps gone.
             self.session.abandon()
         made = []  # what this attempt closes, in order, if it fails
@@ -109,7 +120,9 @@ class SessionCreator(tf.train.SessionCreator):
     def recovering(self, error, deadline):
         """Says what this worker waits for after `error`, a lost ps's (until
         deadline, a Deadline), and the chief saves the model of a ps that
-        was preempted, once the workers hold their updates."""
+        was preempted, once the workers hold their updates; a ps preempted
+        later in the recovery, once, as it is found (create_session())."""
+        self.saved = False
         if isinstance(error, errors.Stuck):
             print('worker=%d: %s; trying a new session' % (
                 self.place.index, error.message), flush=True)
@@ -119,6 +132,7 @@ class SessionCreator(tf.train.SessionCreator):
             self.place.index, error.message if preempted else self.lost(error),
             deadline.secs), flush=True)
         if preempted and self.sv.is_chief:
+            self.saved = True
             print('worker=0: %s' % self.preempted(hold=True), flush=True)
 
     def lost(self, error):
@@ -136,9 +150,13 @@ class SessionCreator(tf.train.SessionCreator):
         deadline = Deadline(self.preemption_grace, '--preemption_grace')
         word, sess = 'has no --logdir to save the model in', None
         if self.logdir:
+            # Over connections of its own: after a network cut, even one
+            # that healed, the shared ones may carry nothing for minutes.
+            config = tf.ConfigProto()
+            config.CopyFrom(self.config)
+            config.rpc_options.disable_session_connection_sharing = True
             sess = tf.Session(self.server.target,
-                              graph=self.sv.global_step.graph,
-                              config=self.config)
+                              graph=self.sv.global_step.graph, config=config)
             try:
                 # What is left but the time to close and tell: a new
                 # session's first run waits for good for a ps gone.

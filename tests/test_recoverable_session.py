@@ -314,6 +314,23 @@ def test_a_chief_saving_for_a_preempted_ps_that_left_gives_up_in_time(
     small_model.server(cluster, 'ps', 0)
 
 
+def test_a_ps_preempted_during_a_recovery_gets_the_chiefs_save(
+        ps, tmp_path, capsys):
+    # The chief recovers from a lost ps (a network cut, say) that answers
+    # again, then says it was preempted: the chief saves for it once, and
+    # tells it, as it does for a preemption that began the recovery.
+    sess, _, _ = recoverable_session(ps.place.cluster, [],
+                                     logdir=str(tmp_path))
+    ps.sess.run(ps.say, {ps.reason: liveness.PREEMPTED})
+    sess.outage._since = time.monotonic() - 7  # 3 s left
+    with pytest.raises(TaskFailed, match='which did not come back'):
+        sess._recover(tf.errors.UnavailableError(None, None, 'Socket closed'))
+    assert ps.sess.run(ps.farewell).decode() == (
+        'preempted; the chief saved the model at global_step=0')
+    assert capsys.readouterr().out.count(
+        'worker=0: saved the model at global_step=0\n') == 1
+
+
 def test_close_ends_at_once_with_a_thread_that_never_stops(ps):
 
     class Stubborn(tf.train.SessionRunHook):
