@@ -361,10 +361,12 @@ def test_a_ps_that_freezes_as_a_recovery_reads_its_word_ends_the_worker(
     frozen, probed = threading.Event(), []
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: (
         [0] if probed else probed.append(job) or []))
-    monkeypatch.setattr(liveness, 'preempted', lambda cluster: frozen.wait())
+    monkeypatch.setattr(liveness, 'farewells', lambda cluster: frozen.wait()
+                        and [liveness.PREEMPTED + '; the chief saved'])
 
     def recover():
-        # Thawed at the end, the ps says it was preempted: not back.
+        # Thawed at the end, the ps says it was preempted, and has the
+        # chief's word: not back.
         with pytest.raises(tf.errors.UnavailableError):
             sess.creator.create_session()
     threading.Thread(target=recover, daemon=True).start()
