@@ -3,6 +3,7 @@ task: this task in TensorFlow 2's cluster, and what its coordinator adds
 to TensorFlow's own (TensorFlow 2 only: the TF1 scripts do not import
 it)."""
 
+import contextlib
 import os
 import sys
 import threading
@@ -454,6 +455,15 @@ class Checkpoints:
             for name, variable in variables.items():
                 variable.assign(reader.get_tensor(name))
             self.source = 'the TF1 checkpoint %s' % tf1
+        # The model as this process starts it, kept as the first read: a
+        # preemption's save that cannot read it before the join's first
+        # read (a network cut as it starts) saves this, which the
+        # checkpoint it came from holds already.
+        if self.manager.latest_checkpoint:
+            self.last = int(
+                self.manager.latest_checkpoint.rpartition('-')[2])
+        with contextlib.suppress(tf.errors.OpError):
+            self.read()
 
     def read(self):
         """The variables as they stand, read once each, the global step

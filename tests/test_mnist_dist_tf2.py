@@ -327,6 +327,11 @@ print(checkpoints.manager.latest_checkpoint.rpartition('-')[2])
 # Without a logdir, nothing to save: the global step alone is read.
 print(tf2_utils.Checkpoints(None, dict(variables, w=object()),
                             'coordinator').follow())
+# A coordinator started again, whose first reads cannot be made: what it
+# restored is what it last read.
+again = tf2_utils.Checkpoints(sys.argv[1], variables, 'coordinator')
+again.read = threading.Event().wait
+print(again.save_now(0.5))
 '''
 
 
@@ -339,15 +344,16 @@ def test_checkpoints_hold_the_step_they_are_named_after(tmp_path):
     lines = ran.stdout.splitlines()
     steps = [int(re.fullmatch(r'saved the model at global_step=(\d+)',
                               line).group(1)) for line in lines[:20]]
-    kept = [line.split()[1:] for line in lines[20:-8]]
+    kept = [line.split()[1:] for line in lines[20:-9]]
     assert len(kept) == 5 and all(named == held for named, held in kept)
     assert {int(named) for named, _ in kept} <= set(steps)
-    step = int(lines[-8])
-    assert lines[-7:] == [
+    step = int(lines[-9])
+    assert lines[-8:] == [
         'None', str(step + 1), 'saved the model at global_step=%d' % (
             step + 2), 'at once 1', 'saved the model at global_step=%d as '
         'last read (no answer within 0.5 s)' % (step + 3), str(step + 3),
-        str(step + 3)]
+        str(step + 3), 'saved the model at global_step=%d as last read (no '
+        'answer within 0.5 s)' % (step + 3)]
     assert re.fullmatch(
         r'coordinator: error: cannot save a checkpoint in --logdir=%s \(.+\); '
         r'training goes on' % re.escape(str(tmp_path)),
