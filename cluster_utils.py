@@ -18,22 +18,23 @@ import tensorflow.compat.v1 as tf
 from absl import flags
 
 import mnist_data
-from ps_cluster import (errors, evaluator, exits, liveness, placement,
-                        probes, server, sources)
+from ps_cluster import errors, exits, liveness, probes, server, sources
+from ps_cluster.evaluator import evaluator
+from ps_cluster.worker import placement
 from ps_cluster.deadlines import Outage, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.export import export_saved_model
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir, marker
-from ps_cluster.ps_task import STARTUP_GRACE_SECS, PsTask
-from ps_cluster.recoverable_session import RecoverableSession
-from ps_cluster.session_start import SessionCreator
-from ps_cluster.stall_watch import StallWatch
-from ps_cluster.staleness import Staleness, global_step_copy
+from ps_cluster.ps.ps_task import STARTUP_GRACE_SECS, PsTask
+from ps_cluster.worker.recoverable_session import RecoverableSession
+from ps_cluster.worker.session_start import SessionCreator
+from ps_cluster.worker.stall_watch import StallWatch
+from ps_cluster.worker.staleness import Staleness, global_step_copy
 # The scripts' own calls: copies of the steps that measure staleness.
-from ps_cluster.staleness import (  # noqa: F401
+from ps_cluster.worker.staleness import (  # noqa: F401
     global_steps_around, local_step_copy)
-from ps_cluster.sync_tokens import SyncTokens
-from ps_cluster.training_log import TrainingLog
+from ps_cluster.worker.sync_tokens import SyncTokens
+from ps_cluster.worker.training_log import TrainingLog
 
 FLAGS = flags.FLAGS
 

@@ -15,11 +15,12 @@ from absl import flags
 
 import cluster_utils
 import mnist_data
-from ps_cluster import coordinated, errors, exits, liveness, probes
+from ps_cluster import errors, exits, liveness, probes
+from ps_cluster.tf2 import coordinated
 from ps_cluster.deadlines import call_within, in_thread, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
-from ps_cluster.training_log import time_left
+from ps_cluster.worker.training_log import time_left
 
 FLAGS = flags.FLAGS
 # How many times in a row the coordinator starts again, each after twice

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import coordinated  # noqa: E402
+from ps_cluster.tf2 import coordinated  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 import small_model  # noqa: E402
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mnist_data
-from ps_cluster import evaluator
+from ps_cluster.evaluator import evaluator
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
 

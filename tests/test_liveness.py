@@ -28,9 +28,11 @@ from conftest import (LONG_RUN, SCRIPTS, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import errors, liveness, ps_task, server, sources  # noqa: E402
+from ps_cluster import errors, liveness, server, sources  # noqa: E402
+from ps_cluster.ps import ps_task  # noqa: E402
 from ps_cluster.deadlines import Deadline, call_within  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
+from ps_cluster.worker.watchdog import Watchdog  # noqa: E402
 
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
 import small_model  # noqa: E402
@@ -151,7 +153,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
                 cluster=cluster)):
             global_step = tf.train.get_or_create_global_step()
         init_op = tf.global_variables_initializer()
-    dog = liveness.Watchdog(tf.train.Coordinator(), global_step, worker,
+    dog = Watchdog(tf.train.Coordinator(), global_step, worker,
                             config, sources.Place(cluster, 'worker', index),
                             Watch(on_step),
                             Deadline(startup_timeout, '--startup_timeout'),
@@ -283,7 +285,7 @@ def test_a_recovery_beats_on_the_ps_tasks_that_answer(shared_cluster,
         'worker': ['localhost:%d' % port for port in free_ports(2)]})
     start_ps(cluster, 0)
     with liveness.beating(cluster, 1):
-        time.sleep(1 + 2 * liveness.Watchdog.POLL_SECS)
+        time.sleep(1 + 2 * liveness.POLL_SECS)
     assert on_ps(cluster, 0, lambda beats, *_: beats)[1] >= 2
 
 
@@ -396,7 +398,7 @@ def test_a_call_on_a_ps_that_accepts_and_never_answers_gives_up(free_ports):
                                         'worker': ['127.0.0.1:1']})
         started = time.monotonic()
         # In a thread of its own: before the mend, the call never returned.
-        assert call_within(30, liveness._run_on_ps, cluster, 0,
+        assert call_within(30, liveness.run_on_ps, cluster, 0,
                            lambda beats, *_: beats) is None
         assert time.monotonic() - started < 3 * server.CALL_SECS
 

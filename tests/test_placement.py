@@ -4,7 +4,8 @@ scripts' device setter places them."""
 import tensorflow.compat.v1 as tf
 
 import mnist_data
-from ps_cluster import placement, sources
+from ps_cluster import sources
+from ps_cluster.worker import placement
 
 
 def placed(num_ps):

@@ -18,7 +18,8 @@ from conftest import (FINAL_STEP, LONG_RUN, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import liveness, ps_task, sources  # noqa: E402
+from ps_cluster import liveness, sources  # noqa: E402
+from ps_cluster.ps import ps_task  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
 from small_model import server  # noqa: E402

@@ -32,11 +32,12 @@ from ps_cluster import errors, liveness, probes, server  # noqa: E402
 from ps_cluster.deadlines import Outage  # noqa: E402
 from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
-from ps_cluster.ps_task import PsTask  # noqa: E402
-from ps_cluster.recoverable_session import RecoverableSession  # noqa: E402
-from ps_cluster.session_start import SessionCreator  # noqa: E402
+from ps_cluster.worker.watchdog import Watchdog  # noqa: E402
+from ps_cluster.ps.ps_task import PsTask  # noqa: E402
+from ps_cluster.worker.recoverable_session import RecoverableSession  # noqa: E402
+from ps_cluster.worker.session_start import SessionCreator  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
-from ps_cluster.stall_watch import StallWatch  # noqa: E402
+from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 
 import small_model  # noqa: E402
 from ps_counters import done  # noqa: E402
@@ -446,7 +447,7 @@ def test_an_attempt_that_fails_stops_its_watchdog(ps):
     # makes the model; the attempt fails, its Watchdog stopped and closed.
     def watchdogs():
         return [thread for thread in threading.enumerate()
-                if isinstance(thread, liveness.Watchdog)]
+                if isinstance(thread, Watchdog)]
     before = watchdogs()
     with pytest.raises(TaskFailed, match='did not initialize the model'):
         recoverable_session(ps.place.cluster, [], startup_timeout=1, index=1)

@@ -12,6 +12,7 @@ reached.
 """
 
 import ast
+import glob
 import json
 import os
 import subprocess
@@ -31,9 +32,9 @@ FOR_PY37 = ['--python-version', '3.7', '--only-binary=:all:',
             '--platform', 'manylinux2014_x86_64',
             '--platform', 'manylinux2010_x86_64']
 TF_USERS = (['mnist_dist_async.py', 'mnist_dist_sync.py', 'cluster_utils.py']
-            + [os.path.join('ps_cluster', name) for name in sorted(
-                os.listdir(os.path.join(REPO, 'ps_cluster')))
-               if name.endswith('.py')])
+            + sorted(os.path.relpath(path, REPO) for path in glob.glob(
+                os.path.join(REPO, 'ps_cluster', '**', '*.py'),
+                recursive=True)))
 API = 'tensorflow_core/_api/v1/compat/v1/'
 
 

@@ -20,11 +20,12 @@ from conftest import (SHORT_RUN, START_UP, assert_clean_exit,
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster import errors, server, session_start  # noqa: E402
+from ps_cluster import errors, server  # noqa: E402
+from ps_cluster.worker import session_start  # noqa: E402
 from ps_cluster.deadlines import Deadline, Outage  # noqa: E402
 from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
-from ps_cluster.stall_watch import StallWatch  # noqa: E402
+from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 import small_model  # noqa: E402

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import START_UP, run_accuracy, staleness_of
-from ps_cluster.staleness import (Staleness, global_step_copy,
+from ps_cluster.worker.staleness import (Staleness, global_step_copy,
                                   global_steps_around)
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')

@@ -25,7 +25,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 from ps_cluster import errors, liveness, probes  # noqa: E402
 from ps_cluster.deadlines import Deadline, Outage, poll  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
-from ps_cluster.stall_watch import StallWatch  # noqa: E402
+from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 
 CLUSTER = tf.train.ClusterSpec({'ps': ['localhost:1', 'localhost:2'],
                                 'worker': ['localhost:3', 'localhost:4']})

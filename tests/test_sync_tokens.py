@@ -17,7 +17,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import server  # noqa: E402
-from ps_cluster.sync_tokens import SyncTokens  # noqa: E402
+from ps_cluster.worker.sync_tokens import SyncTokens  # noqa: E402
 
 import small_model  # noqa: E402
 from small_model import step_and_loss  # noqa: E402

@@ -11,9 +11,9 @@ import types
 import numpy as np
 
 import mnist_data
-from ps_cluster import training_log as training_log_module
-from ps_cluster.staleness import Staleness
-from ps_cluster.training_log import TrainingLog
+from ps_cluster.worker import training_log as training_log_module
+from ps_cluster.worker.staleness import Staleness
+from ps_cluster.worker.training_log import TrainingLog
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402

@@ -7,7 +7,6 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors, liveness
 from ps_cluster.deadlines import poll
 from ps_cluster.exits import TaskFailed
-from ps_cluster.liveness import Watchdog
 
 
 class RecoverableSession:
@@ -46,7 +45,7 @@ class RecoverableSession:
         with liveness.beating(place.cluster, place.index):
             self.creator.recovering(error, deadline)
             if not poll(lambda: not self._attempt(deadline),
-                        deadline.left(), Watchdog.POLL_SECS):
+                        deadline.left(), liveness.POLL_SECS):
                 raise TaskFailed((
                     '%s; no new session carried the run on %s'
                     % (error.message, deadline))

@@ -12,6 +12,7 @@ from ps_cluster import errors, liveness, probes
 from ps_cluster.deadlines import Deadline, call_within, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE
+from ps_cluster.worker.watchdog import Watchdog
 
 
 class SessionCreator(tf.train.SessionCreator):
@@ -186,14 +187,14 @@ class SessionCreator(tf.train.SessionCreator):
 
         def held():
             steps.append(sess.run(self.sv.global_step,
-                                  options=liveness.Watchdog.RUN_OPTIONS))
+                                  options=Watchdog.RUN_OPTIONS))
             return steps[-2:] == steps[-1:] * 2
         if hold_secs:
-            poll(held, hold_secs, liveness.Watchdog.POLL_SECS + 0.1)
+            poll(held, hold_secs, liveness.POLL_SECS + 0.1)
         return self.logdir.save(self.sv, sess)
 
     def _watchdog(self, coord, deadline, made):
-        watchdog = liveness.Watchdog(coord, self.sv.global_step, self.server,
+        watchdog = Watchdog(coord, self.sv.global_step, self.server,
                                      self.config, self.place, self.watch,
                                      deadline, self.tokens, self.slot)
         made += [watchdog.join, watchdog.session.close]

@@ -49,7 +49,7 @@ class PsTask:
             if np.any((values != last) & (values >= 0)):
                 last, moved = values, time.monotonic()
             return (np.all(values < 0) or time.monotonic() - moved
-                    > 2 * liveness.Watchdog.POLL_SECS)
+                    > 2 * liveness.POLL_SECS)
         poll(read, secs - 1, 0.1)
 
     def preempted(self, secs):

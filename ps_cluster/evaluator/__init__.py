@@ -1,0 +1,1 @@
+"""An evaluator's room: it follows the chief's checkpoints."""

@@ -1,0 +1,1 @@
+"""A ps task's room: its end of the run."""
