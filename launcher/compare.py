@@ -70,7 +70,7 @@ def read_workers(run_dir):
 
 def read_placement(run_dir):
     """Where the model lived in the run in run_dir: the chief's lines of
-    ps_cluster/placement.py, one for each ps task."""
+    ps_cluster/worker/placement.py, one for each ps task."""
     with open(os.path.join(run_dir, 'worker0.log')) as f:
         return PLACEMENT.findall(f.read())
 

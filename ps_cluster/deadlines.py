@@ -1,36 +1,45 @@
-"""Waiting within a deadline: a wait's deadline, the clock of a loss that
-may come back, a call that may block for good in TensorFlow, and a
-condition polled until it holds."""
+"""Waiting within a deadline: a time limit and the flag that sets it, a
+wait's deadline, the clock of a loss that may come back, a call that may
+block for good in TensorFlow, and a condition polled until it holds."""
 
+import collections
 import concurrent.futures
 import threading
 import time
 
 
-class Deadline:
-    """The end of a wait, `secs` from now or from `since` (a time.monotonic()
-    of the past), and `grace` more, which the flag `flag` sets; str() says
-    it as a line ends a wait that timed out."""
+class Limit(collections.namedtuple('Limit', ['secs', 'flag'])):
+    """A time limit in seconds and the flag that sets it, which str() says
+    as a line quotes them: '120 s (--ps_timeout)'."""
 
-    def __init__(self, secs, flag, grace=0, since=None):
-        self.secs, self.flag = secs, flag
+    def __str__(self):
+        return '%g s (%s)' % self
+
+
+class Deadline:
+    """The end of a wait, `limit` (a Limit) from now or from `since` (a
+    time.monotonic() of the past), and `grace` more; str() says it as a
+    line ends a wait that timed out."""
+
+    def __init__(self, limit, grace=0, since=None):
+        self.limit, self.secs = limit, limit.secs
         start = time.monotonic() if since is None else since
-        self.at = start + secs + grace
+        self.at = start + limit.secs + grace
 
     def left(self):
         return max(0, self.at - time.monotonic())
 
     def __str__(self):
-        return 'within %g s (%s)' % (self.secs, self.flag)
+        return 'within %s' % (self.limit,)
 
 
 class Outage:
-    """A loss that may come back (a ps task), waited for `secs`, which the
-    flag `flag` sets, from when any thread first found it until it is over:
-    the one clock of that wait, which the threads that enforce it read."""
+    """A loss that may come back (a ps task), waited for `limit` (a Limit)
+    from when any thread first found it until it is over: the one clock of
+    that wait, which the threads that enforce it read."""
 
-    def __init__(self, secs, flag):
-        self.secs, self.flag = secs, flag
+    def __init__(self, limit):
+        self.limit = limit
         self._lock = threading.Lock()
         self._since = None
 
@@ -49,7 +58,7 @@ class Outage:
 
     def deadline(self):
         """The wait's Deadline, from when the loss was first found."""
-        return Deadline(self.secs, self.flag, since=self.found())
+        return Deadline(self.limit, since=self.found())
 
 
 def in_thread(function, *args):

@@ -54,11 +54,11 @@ class TaskEnd:
         nothing is told."""
         self._tell = tell or self._silent
 
-    def on_preemption(self, save, secs):
-        """SIGTERM, a scheduler's notice, will call save() first, for secs
-        at most: the line it returns is this task's (None: it printed its
-        own)."""
-        self._preempted = save, secs
+    def on_preemption(self, save, grace):
+        """SIGTERM, a scheduler's notice, will call save() first, for
+        `grace` (a deadlines.Limit) at most: the line it returns is this
+        task's (None: it printed its own)."""
+        self._preempted = save, grace
 
     def fail(self, message, status=1):
         """Ends this task with a one-line error and status 1 (2: a usage
@@ -119,16 +119,15 @@ class TaskEnd:
 
     def _save(self):
         """The line of a task preempted: what on_preemption()'s save
-        returns, within its secs."""
+        returns, within its grace."""
         preempted = self._preempted
         if preempted is None:
             return 'interrupted'
-        save, secs = preempted
+        save, grace = preempted
         try:
-            return call_within(secs, save)
+            return call_within(grace.secs, save)
         except TimeoutError:
-            return ('preempted; nothing saved within %g s '
-                    '(--preemption_grace)' % secs)
+            return 'preempted; nothing saved within %s' % (grace,)
         except Exception as e:  # none expected: said, as it ends
             return 'preempted; cannot save: %s' % e
 

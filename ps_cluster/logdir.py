@@ -13,6 +13,7 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import errors
 from ps_cluster.deadlines import call_within
 from ps_cluster.exits import TaskFailed
+from ps_cluster.settings import LOGDIR
 
 
 # Why the chief left on purpose, and the step of its last checkpoint once it
@@ -84,8 +85,8 @@ class Logdir:
                 f.write('')
             tf.io.gfile.remove(probe)
         except tf.errors.OpError as e:
-            raise TaskFailed('--logdir=%s: cannot write there (%s)'
-                             % (self.path, errors.what_went_wrong(e)),
+            raise TaskFailed('%s=%s: cannot write there (%s)'
+                             % (LOGDIR, self.path, errors.what_went_wrong(e)),
                              status=2)
 
     def forget_ended(self):
@@ -133,13 +134,20 @@ class Logdir:
         LOCK_SECS: a save of a session closed after a lost ps may wait on
         the ps for good, and two saves through one Saver mix up its list
         of checkpoints."""
+        with self.one_save(), calling():
+            return checkpoint_step(sv.saver.save(
+                sess, sv.save_path, global_step=sv.global_step))
+
+    @contextlib.contextmanager
+    def one_save(self):
+        """One save at a time, of TensorFlow 1's chief or 2's coordinator
+        (a save from the signals' thread beside the checkpoint loop's);
+        ValueError if the one before has not ended within LOCK_SECS."""
         if not self._saving.acquire(timeout=self.LOCK_SECS):
             raise ValueError('the save before it has not ended within %g s'
                              % self.LOCK_SECS)
         try:
-            with calling():
-                return checkpoint_step(sv.saver.save(
-                    sess, sv.save_path, global_step=sv.global_step))
+            yield
         finally:
             self._saving.release()
 
@@ -161,12 +169,12 @@ class Logdir:
         """Closes the summary writer, or gives up on it after CLOSE_SECS
         with one line."""
         if not close_within(writer, self.CLOSE_SECS):
-            print('%s: error: cannot close the summaries in --logdir=%s '
+            print('%s: error: cannot close the summaries in %s=%s '
                   'within %d s; leaving them' % (
-                      self.task_name, self.path, self.CLOSE_SECS),
+                      self.task_name, LOGDIR, self.path, self.CLOSE_SECS),
                   file=sys.stderr, flush=True)
 
     def failed(self, what, error):
-        print('%s: error: cannot %s in --logdir=%s (%s); training goes on'
-              % (self.task_name, what, self.path,
+        print('%s: error: cannot %s in %s=%s (%s); training goes on'
+              % (self.task_name, what, LOGDIR, self.path,
                  errors.what_went_wrong(error)), file=sys.stderr, flush=True)

@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import tensorflow.compat.v1 as tf
 
+from ps_cluster.settings import GPU_MEMORY_FRACTION
+
 
 # A worker's Watchdog beats and reads the global step through its own
 # server, whose inter-op pool runs every op of the worker, each to its end:
@@ -185,7 +187,7 @@ GPU_FAILURES = [
     (r'out of memory|CUDA_ERROR_OUT_OF_MEMORY',
      'out of memory',
      'fewer tasks a GPU (each holds a CUDA context of some hundreds of '
-     'MB), or a cap on each (--gpu_memory_fraction)'),
+     'MB), or a cap on each (%s)' % GPU_MEMORY_FRACTION),
     (r'busy or unavailable|CUDA_ERROR_DEVICE_UNAVAILABLE',
      'busy: another process holds it, in exclusive-process mode',
      'one task a GPU, or its default compute mode (nvidia-smi -c DEFAULT)'),

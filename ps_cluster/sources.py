@@ -9,6 +9,8 @@ import re
 
 import tensorflow.compat.v1 as tf
 
+from ps_cluster.settings import NUM_PS
+
 
 class Place(collections.namedtuple('Place', ['cluster', 'job', 'index'])):
     """This task's place: its job and index in `cluster`, a ClusterSpec. An
@@ -119,9 +121,10 @@ def from_slurm(num_ps, port_base, evaluator=False, env=os.environ):
                placement[rank]))
     tasks = hosts[:-1] if evaluator else hosts
     if not num_ps < len(tasks):
-        raise ValueError('--num_ps=%d leaves none of the step\'s %d tasks to '
-                         'be a worker%s' % (num_ps, len(hosts), ' beside the '
-                                            'evaluator' if evaluator else ''))
+        raise ValueError('%s=%d leaves none of the step\'s %d tasks to be '
+                         'a worker%s' % (NUM_PS, num_ps, len(hosts),
+                                         ' beside the evaluator' if evaluator
+                                         else ''))
     cluster = tf.train.ClusterSpec({'ps': tasks[:num_ps],
                                     'worker': tasks[num_ps:]})
     if rank == len(tasks):

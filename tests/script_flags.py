@@ -23,7 +23,7 @@ def usage_error(args, env, monkeypatch, capsys):
     try:
         with pytest.raises(SystemExit) as exited:
             cluster_utils.parse_flags(sys.argv)
-            cluster_utils.Task(False, exits.TaskEnd(lambda: 'unused'))
+            cluster_utils.this_task(False, exits.TaskEnd(lambda: 'unused'))
     finally:
         cluster_utils.FLAGS.unparse_flags()
     assert exited.value.code == 2

@@ -109,20 +109,21 @@ def test_a_task_that_cannot_use_its_gpu_says_which_and_how_much(
         '--gpu_jobs=ps,worker', '--gpu_memory_fraction=0.25'])
     try:
         cluster_utils.parse_flags(sys.argv)
-        task = cluster_utils.Task(False, exits.TaskEnd(lambda: 'unused'))
+        task = cluster_utils.this_task(False, exits.TaskEnd(lambda: 'unused'))
         # Dealt GPU 0, as on a host with one; its server, like every
         # server of these tests, keeps off the GPUs: its product fails.
-        task.gpu = 0
+        task.gpu.index = 0
         with pytest.raises(exits.TaskFailed) as failed:
-            task.check_gpu(small_model.server(spec, 'ps', 0), 'ps', 0)
+            task.gpu.check(small_model.server(spec, 'ps', 0), task.config,
+                           'ps', 0)
         lines = capsys.readouterr().out
         # A GPU's own failure, in TensorFlow's words as a server makes its
         # context; and an error that is none.
-        task.gpu_name = 'NVIDIA H200'
-        own = task.gpu_line(tf.errors.InternalError(
+        task.gpu.name = 'NVIDIA H200'
+        own = task.gpu.line(tf.errors.InternalError(
             None, None, 'CUDA runtime implicit initialization on GPU:0 '
             'failed. Status: out of memory'))
-        other = task.gpu_line(tf.errors.UnavailableError(
+        other = task.gpu.line(tf.errors.UnavailableError(
             None, None, 'Socket closed'))
     finally:
         cluster_utils.FLAGS.unparse_flags()

@@ -1,6 +1,7 @@
-"""How the servers of a TensorFlow 2 cluster end (ps_cluster/coordinated.py),
-in-process: a worker waits for the coordinator's word, and takes the one it
-left on a ps task when it could not tell the worker before it went."""
+"""How the servers of a TensorFlow 2 cluster end
+(ps_cluster/tf2/coordinated.py), in-process: a worker waits for the
+coordinator's word, and takes the one it left on a ps task when it could
+not tell the worker before it went."""
 
 import os
 
@@ -9,13 +10,15 @@ import pytest
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
-from ps_cluster.tf2 import coordinated  # noqa: E402
+from ps_cluster.deadlines import Limit  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
+from ps_cluster.tf2 import coordinated  # noqa: E402
 import small_model  # noqa: E402
 
 tf.disable_v2_behavior()
 
 PS, WORKER = '/job:ps/task:0', '/job:worker/task:0'
+STARTUP, SILENT = Limit(60, '--startup_timeout'), Limit(60, '--worker_timeout')
 
 
 @pytest.fixture
@@ -32,7 +35,7 @@ def test_a_word_left_on_the_ps_is_the_workers_once_the_coordinator_is_gone(
         servers):
     word, ps, coordinator = servers
     coordinated.tell(ps, coordinated.DONE, 10)
-    assert word.wait(coordinator, 60, 60, ps) == coordinated.DONE
+    assert word.wait(coordinator, STARTUP, SILENT, ps) == coordinated.DONE
 
 
 def test_the_coordinator_learns_which_tasks_it_could_not_tell(servers):
@@ -45,8 +48,10 @@ def test_the_coordinator_learns_which_tasks_it_could_not_tell(servers):
 def test_a_ps_that_was_preempted_says_nothing_for_the_coordinator(servers):
     word, ps, coordinator = servers
     coordinated.tell(ps, coordinated.PREEMPTED, 10)
-    with pytest.raises(TaskFailed, match='did not come up within 1 s$'):
-        word.wait(coordinator, 1, 60, ps)
+    with pytest.raises(TaskFailed, match=r'did not come up within 1 s '
+                       r'\(--startup_timeout\)$'):
+        word.wait(coordinator, Limit(1, '--startup_timeout'), SILENT,
+                  ps)
 
 
 def test_a_server_sets_no_word_of_its_own_as_it_starts(shared_cluster,
@@ -61,4 +66,4 @@ def test_a_server_sets_no_word_of_its_own_as_it_starts(shared_cluster,
     coordinated.tell({WORKER: address}, coordinated.DONE, 10)
     nowhere = ('/job:chief/task:0', 'localhost:%d' % free_ports(1)[0])
     assert coordinated.Word(server, WORKER).wait(
-        nowhere, 60, 60) == coordinated.DONE
+        nowhere, STARTUP, SILENT) == coordinated.DONE

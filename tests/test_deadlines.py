@@ -7,18 +7,18 @@ import time
 
 import pytest
 
-from ps_cluster.deadlines import Deadline, Outage, call_within, poll
+from ps_cluster.deadlines import Deadline, Limit, Outage, call_within, poll
 
 
 def test_a_deadline_from_a_time_past_says_its_flag():
-    deadline = Deadline(10, '--ps_timeout', since=time.monotonic() - 4)
+    deadline = Deadline(Limit(10, '--ps_timeout'), since=time.monotonic() - 4)
     assert 5 < deadline.left() <= 6
     assert str(deadline) == 'within 10 s (--ps_timeout)'
-    assert Deadline(1, '--x', since=time.monotonic() - 2).left() == 0
+    assert Deadline(Limit(1, '--x'), since=time.monotonic() - 2).left() == 0
 
 
 def test_an_outage_runs_from_when_it_was_first_found_until_over():
-    outage = Outage(60, '--ps_timeout')
+    outage = Outage(Limit(60, '--ps_timeout'))
     since = outage.found()
     assert outage.found() == since  # one loss, one start, whoever finds it
     assert outage.deadline().at == since + 60

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import mnist_data
+from ps_cluster.deadlines import Limit
 from ps_cluster.evaluator import evaluator
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, Logdir
@@ -72,7 +73,8 @@ def chief(logdir):
 def follow(logdir, last_step, timeout=30, on_last=None,
            chief_answers=lambda: False):
     evaluator.follow(model, loss_and_accuracy, SPLIT, 'validation', logdir,
-                     last_step, timeout, PIXELS, on_last, chief_answers)
+                     last_step, Limit(timeout, '--eval_timeout'), PIXELS,
+                     on_last, chief_answers)
 
 
 def evaluated(logdir):

@@ -30,7 +30,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, server, sources  # noqa: E402
 from ps_cluster.ps import ps_task  # noqa: E402
-from ps_cluster.deadlines import Deadline, call_within  # noqa: E402
+from ps_cluster.deadlines import Deadline, Limit, call_within  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.worker.watchdog import Watchdog  # noqa: E402
 
@@ -156,7 +156,7 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
     dog = Watchdog(tf.train.Coordinator(), global_step, worker,
                             config, sources.Place(cluster, 'worker', index),
                             Watch(on_step),
-                            Deadline(startup_timeout, '--startup_timeout'),
+                            Deadline(Limit(startup_timeout, '--startup_timeout')),
                             on_departure and Tokens(on_departure), slot)
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:

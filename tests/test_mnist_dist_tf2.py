@@ -271,12 +271,12 @@ def test_a_frozen_ps_for_good_for_a_while_and_restarted_at_once(
 CHECKPOINTS = '''
 import sys, threading, time
 import tensorflow as tf
-import tf2_utils
+from ps_cluster.tf2.checkpoints import Checkpoints
 variables = {'w': tf.Variable(tf.zeros([784, 10]), name='w'),
              'b': tf.Variable(tf.zeros([10]), name='b'),
              'global_step': tf.Variable(0, dtype=tf.int64,
                                         name='global_step')}
-checkpoints = tf2_utils.Checkpoints(sys.argv[1], variables, 'coordinator')
+checkpoints = Checkpoints(sys.argv[1], variables, 'coordinator')
 stop = threading.Event()
 def train():
     while not stop.is_set():
@@ -325,11 +325,11 @@ checkpoints.read = threading.Event().wait
 print(checkpoints.save_now(0.5))
 print(checkpoints.manager.latest_checkpoint.rpartition('-')[2])
 # Without a logdir, nothing to save: the global step alone is read.
-print(tf2_utils.Checkpoints(None, dict(variables, w=object()),
-                            'coordinator').follow())
+print(Checkpoints(None, dict(variables, w=object()),
+                  'coordinator').follow())
 # A coordinator started again, whose first reads cannot be made: what it
 # restored is what it last read.
-again = tf2_utils.Checkpoints(sys.argv[1], variables, 'coordinator')
+again = Checkpoints(sys.argv[1], variables, 'coordinator')
 again.read = threading.Event().wait
 print(again.save_now(0.5))
 '''
@@ -366,7 +366,7 @@ def test_checkpoints_hold_the_step_they_are_named_after(tmp_path):
 # a new block, are a line each, and the run goes on to its final line.
 SUMMARIES = '''
 import os, sys
-import tf2_utils
+from ps_cluster.tf2.log import Log
 full, filling = sys.argv[1:]
 def fill(path):
     with open(os.path.join(path, 'filler'), 'wb', buffering=0) as f:
@@ -376,10 +376,10 @@ def fill(path):
         except OSError:
             pass
 fill(full)
-log = tf2_utils.Log(0, 0, full, 'coordinator')
+log = Log(0, 0, full, 'coordinator')
 log.epoch(1, loss=1.0)
 log.final(2, 0.5)
-log = tf2_utils.Log(0, 0, filling, 'coordinator')
+log = Log(0, 0, filling, 'coordinator')
 fill(filling)
 for step in range(1000):
     log.epoch(step, loss=1.0)

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, SHORT_RUN, START_UP, assert_one_error_line
 from ps_cluster import exits, probes
-from ps_cluster.deadlines import Deadline
+from ps_cluster.deadlines import Deadline, Limit
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
@@ -67,7 +67,7 @@ def test_the_wait_for_tasks_ends_once_every_task_listens(listening, closed):
                                     'worker': ['localhost:1']})
     # ps 1 comes up during the wait; the worker is not waited for.
     threading.Timer(0.3, closed.listen).start()
-    probes.wait_for_tasks(cluster, 'ps', Deadline(10, '--startup_timeout'))
+    probes.wait_for_tasks(cluster, 'ps', Deadline(Limit(10, '--startup_timeout')))
 
 
 def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):
@@ -75,7 +75,7 @@ def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):
     cluster = tf.train.ClusterSpec({'ps': tasks})
     with pytest.raises(exits.TaskFailed) as failed:
         probes.wait_for_tasks(cluster, 'ps',
-                              Deadline(0.3, '--startup_timeout'))
+                              Deadline(Limit(0.3, '--startup_timeout')))
     assert failed.value.message == (
         '/job:ps/task:1 (%s) did not come up within 0.3 s '
         '(--startup_timeout)' % tasks[1])
@@ -83,9 +83,9 @@ def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):
 
 def test_fail_if_late_only_after_the_deadline():
     tasks = ['a:1', 'b:2', 'c:3']
-    late = Deadline(5, '--startup_timeout')
+    late = Deadline(Limit(5, '--startup_timeout'))
     late.at = time.monotonic() - 1
-    due = Deadline(5, '--startup_timeout', grace=55)
+    due = Deadline(Limit(5, '--startup_timeout'), grace=55)
     probes.fail_if_late('worker', tasks, {1, 2}, due)
     probes.fail_if_late('worker', tasks, set(), late)
     with pytest.raises(exits.TaskFailed) as failed:

@@ -19,14 +19,21 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import liveness, sources  # noqa: E402
-from ps_cluster.ps import ps_task  # noqa: E402
+from ps_cluster.deadlines import Limit  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
+from ps_cluster.ps import ps_task  # noqa: E402
 from ps_counters import beat, beating, done, on_ps  # noqa: E402
 from small_model import server  # noqa: E402
 
 tf.disable_v2_behavior()
 
 TOLD = 'the ps was told to stop'
+
+
+def limits(startup_timeout, worker_timeout):
+    """serve_until_workers_gone()'s limits, in seconds."""
+    return (Limit(startup_timeout, '--startup_timeout'),
+            Limit(worker_timeout, '--worker_timeout'))
 
 
 @pytest.fixture
@@ -57,7 +64,7 @@ def test_the_ps_returns_the_workers_that_left_and_why_once_all_ended(
         cluster, ps):
     done(cluster, 0)
     liveness.say_left(cluster, 1, 'bad data')
-    assert ps.serve_until_workers_gone(5, 5) == [(1, 'bad data')]
+    assert ps.serve_until_workers_gone(*limits(5, 5)) == [(1, 'bad data')]
     # Ps 0 counted the departure, for the other workers to read.
     beats, departures, farewell, reasons = read(cluster)
     assert departures.tolist() == [0, 1]
@@ -69,7 +76,7 @@ def test_a_beat_after_left_leaves_the_worker_left(cluster, ps):
     done(cluster, 0)
     liveness.say_left(cluster, 1, 'bad data')
     beat(cluster, 1)
-    assert ps.serve_until_workers_gone(5, 5) == [(1, 'bad data')]
+    assert ps.serve_until_workers_gone(*limits(5, 5)) == [(1, 'bad data')]
 
 
 def test_a_beating_worker_keeps_the_ps_serving_until_it_is_done(cluster,
@@ -86,7 +93,7 @@ def test_a_beating_worker_keeps_the_ps_serving_until_it_is_done(cluster,
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
-    assert ps.serve_until_workers_gone(5, 1) == []
+    assert ps.serve_until_workers_gone(*limits(5, 1)) == []
     assert ended.is_set()
     thread.join()
 
@@ -97,7 +104,7 @@ def test_a_silent_worker_is_counted_gone_then_no_longer_waited_for(
     done(cluster, 0)
     beat(cluster, 1)
     # Silent, not LEFT: no reason to return, but the ps says whom it left.
-    assert ps.serve_until_workers_gone(5, 1) == []
+    assert ps.serve_until_workers_gone(*limits(5, 1)) == []
     beats, departures, farewell, reasons = read(cluster)
     assert departures.tolist() == [0, 1]
     assert capsys.readouterr().out == (
@@ -112,7 +119,7 @@ def test_a_worker_that_never_beat_fails_the_ps_after_its_startup_timeout(
     done(cluster, 0)
     started = time.time()
     with pytest.raises(TaskFailed) as failed:
-        ps.serve_until_workers_gone(0.5, 60)
+        ps.serve_until_workers_gone(*limits(0.5, 60))
     # The grace is the ps's own: the line names the workers' timeout.
     assert time.time() - started >= 0.5 + 0.5
     assert failed.value.message == (
@@ -125,7 +132,7 @@ def test_an_elastic_ps_waits_for_the_chief_and_the_workers_that_came(
     # --min_workers=1 of 2: worker 1 never comes, and is not waited for
     # once the chief has ended.
     done(cluster, 0)
-    assert ps.serve_until_workers_gone(5, 60, min_workers=1) == []
+    assert ps.serve_until_workers_gone(*limits(5, 60), min_workers=1) == []
     assert capsys.readouterr().out == (
         '/job:ps/task:0: every worker that came has ended: 1 of the 2 '
         'listed came, 0 left\n')
@@ -136,7 +143,7 @@ def test_an_elastic_ps_leaves_a_chief_that_fell_silent(cluster, ps,
     # The chief died without a word (SIGKILL, a lost node), worker 1 never
     # came: the ps ends after --worker_timeout, as without --min_workers.
     beat(cluster, 0)
-    assert ps.serve_until_workers_gone(5, 1, min_workers=1) == []
+    assert ps.serve_until_workers_gone(*limits(5, 1), min_workers=1) == []
     assert capsys.readouterr().out == (
         '/job:ps/task:0: every worker has ended or fell silent: '
         '/job:worker/task:0 (%s) not heard for 1 s (--worker_timeout)\n'
@@ -149,7 +156,7 @@ def test_an_elastic_ps_ends_the_run_with_too_few_workers(cluster, ps,
     monkeypatch.setattr(ps_task, 'STARTUP_GRACE_SECS', 0.5)
     started = time.time()
     with pytest.raises(TaskFailed) as failed:
-        ps.serve_until_workers_gone(0.5, 60, min_workers=1)
+        ps.serve_until_workers_gone(*limits(0.5, 60), min_workers=1)
     assert time.time() - started >= 0.5 + 0.5
     assert failed.value.message == (
         'fewer than 1 workers (--min_workers) for 0.5 s (--startup_timeout): '

@@ -29,7 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, probes, server  # noqa: E402
-from ps_cluster.deadlines import Outage  # noqa: E402
+from ps_cluster.deadlines import Limit, Outage  # noqa: E402
 from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.worker.watchdog import Watchdog  # noqa: E402
@@ -92,12 +92,15 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
             saver=tf.train.Saver(save_relative_paths=True),
             recovery_wait_secs=1, save_model_secs=0)
         place = Place(cluster, 'worker', index)
-        outage = Outage(10, '--ps_timeout')
-        watch = StallWatch(Died(died), place, stall_timeout, outage)
+        outage = Outage(Limit(10, '--ps_timeout'))
+        watch = StallWatch(Died(died), place,
+                           Limit(stall_timeout, '--stall_timeout'), outage)
         watch.start()
         creator = SessionCreator(sv, worker,
                                  server.session_config('worker', index),
-                                 place, hooks, watch, startup_timeout, 20,
+                                 place, hooks, watch,
+                                 Limit(startup_timeout, '--startup_timeout'),
+                                 Limit(20, '--preemption_grace'),
                                  logdir and Logdir(logdir, place.name))
         sess = RecoverableSession(creator, outage).open()
     return sess, sv, train_op

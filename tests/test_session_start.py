@@ -22,7 +22,7 @@ import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, server  # noqa: E402
 from ps_cluster.worker import session_start  # noqa: E402
-from ps_cluster.deadlines import Deadline, Outage  # noqa: E402
+from ps_cluster.deadlines import Deadline, Limit, Outage  # noqa: E402
 from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
@@ -70,13 +70,13 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     session's coordinator, `coord`, holds what its threads met."""
     spec, servers = cluster
     place = Place(spec, 'worker', index)
-    watch = StallWatch(None, place, 60, Outage(60, '--ps_timeout'))
+    watch = StallWatch(None, place, Limit(60, '--stall_timeout'), Outage(Limit(60, '--ps_timeout')))
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
             server.session_config('worker', index), spec, watch,
             coord or tf.train.Coordinator(),
-            Deadline(timeout, '--startup_timeout'),
+            Deadline(Limit(timeout, '--startup_timeout')),
             logdir and Logdir(logdir, place.name), reopened)
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import tensorflow.compat.v1 as tf  # noqa: E402
 
 from ps_cluster import errors, liveness, probes  # noqa: E402
-from ps_cluster.deadlines import Deadline, Outage, poll  # noqa: E402
+from ps_cluster.deadlines import Deadline, Limit, Outage, poll  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 
@@ -73,8 +73,9 @@ def die(monkeypatch):
 def started(die, secs=60, ps_secs=60):
     """A watch started, storing in the coordinator of a session: its
     `coord`."""
-    watch = StallWatch(die, Place(CLUSTER, 'worker', 0), secs,
-                       Outage(ps_secs, '--ps_timeout'))
+    watch = StallWatch(die, Place(CLUSTER, 'worker', 0),
+                       Limit(secs, '--stall_timeout'),
+                       Outage(Limit(ps_secs, '--ps_timeout')))
     watch.coord = tf.train.Coordinator()
     watch.store_in(watch.coord)
     watch.start()
@@ -261,7 +262,7 @@ def test_a_call_past_its_waits_deadline_with_a_silent_ps_lost_it(
     monkeypatch.setattr(probes, 'silent', lambda cluster, job: silent)
     watch = started(die, secs=0.05, ps_secs=0.05)
     with watch.calling('the first beat',
-                       deadline=Deadline(0.3, '--startup_timeout')):
+                       deadline=Deadline(Limit(0.3, '--startup_timeout'))):
         # Neither the stall rules, nor the deadline while the ps answers.
         time.sleep(0.6)
         assert errors.stored(watch.coord) is None
@@ -324,7 +325,7 @@ def test_a_run_stuck_alone_while_the_others_train_gets_a_new_session(die):
     watch.coord = tf.train.Coordinator()
     watch.store_in(watch.coord)
     with watch.calling("reading the ps tasks' farewells",
-                       deadline=Deadline(60, '--ps_timeout')):
+                       deadline=Deadline(Limit(60, '--ps_timeout'))):
         pass
     with watch.calling('reading the global step'):
         pass

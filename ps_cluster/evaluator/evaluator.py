@@ -33,7 +33,8 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
     the chief, one at last_step or beyond once the chief no longer answers;
     then calls on_last(step, {name: value}). Raises TaskFailed once the
     chief has left on purpose (it says why in logdir), or when for
-    `timeout` seconds no new checkpoint came and chief_answers() said no.
+    `timeout` (a Limit) no new checkpoint came and chief_answers() said
+    no.
     model(images) and loss_and_accuracy(logits, labels) are the workers';
     a checkpoint that disappears or is half-written is skipped. config: the
     session's (the GPU it may use).
@@ -73,7 +74,7 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
                 heard = time.monotonic()
             ended = at_the_end()
             return (ended or marker(logdir, CHIEF_LEFT, STARTED) is not None
-                    or time.monotonic() - heard >= timeout)
+                    or time.monotonic() - heard >= timeout.secs)
 
         # checkpoints_iterator calls timeout_fn after each checkpoint, and
         # after each POLL_SECS without one.
@@ -123,7 +124,7 @@ def follow(model, loss_and_accuracy, split, split_name, logdir, last_step,
         raise TaskFailed('the chief, /job:worker/task:0, left before '
                          'global_step=%d: "%s"' % (last_step, reason))
     raise TaskFailed('no new checkpoint in %s, and no answer from the chief, '
-                     'for %g s (--eval_timeout), before global_step=%d'
+                     'for %s, before global_step=%d'
                      % (logdir, timeout, last_step))
 
 

@@ -9,6 +9,7 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import liveness, probes
 from ps_cluster.deadlines import Deadline, poll
 from ps_cluster.exits import TaskFailed
+from ps_cluster.settings import MIN_WORKERS
 
 # A worker counts its startup timeout from when it reached the ps; the ps,
 # from its own start, waits this much longer for a worker that never came,
@@ -52,23 +53,23 @@ class PsTask:
                     > 2 * liveness.POLL_SECS)
         poll(read, secs - 1, 0.1)
 
-    def preempted(self, secs):
+    def preempted(self, grace):
         """Says that a scheduler preempted this ps (SIGTERM), so that the
         workers hold their updates and wait for it, and waits, up to a
-        second before secs, for the chief to say what it saved; returns the
-        ps's line."""
+        second before `grace` (a Limit) is over, for the chief to say what
+        it saved; returns the ps's line."""
         self.sess.run(self.say, {self.reason: liveness.PREEMPTED})
         word = poll(lambda: self.sess.run(self.farewell).decode().replace(
-            liveness.PREEMPTED, '', 1), secs - 1, 0.1)
+            liveness.PREEMPTED, '', 1), grace.secs - 1, 0.1)
         return liveness.PREEMPTED + (word or (
-            '; the chief did not save the model within %g s '
-            '(--preemption_grace): its updates since the last checkpoint '
-            'are lost' % secs))
+            '; the chief did not save the model within %s: its updates '
+            'since the last checkpoint are lost' % (grace,)))
 
     def serve_until_workers_gone(self, startup_timeout, worker_timeout,
                                  min_workers=None):
         """Serves until every worker has come up and ended, or is silent for
-        worker_timeout; instead of server.join(), which never returns.
+        worker_timeout (a Limit, as startup_timeout); instead of
+        server.join(), which never returns.
         Returns the workers that left on purpose, at start-up or later, and
         why: a list of (index, reason). A worker that never beats raises
         TaskFailed after startup_timeout. Ps 0 counts departures for the
@@ -79,8 +80,7 @@ class PsTask:
         """
         sess, workers = self.sess, self.workers
         elastic = min_workers is not None and min_workers < len(workers)
-        deadline = Deadline(startup_timeout, '--startup_timeout',
-                            STARTUP_GRACE_SECS)
+        deadline = Deadline(startup_timeout, STARTUP_GRACE_SECS)
         last = np.zeros(len(workers), np.int64)
         heard = np.full(len(workers), np.nan)  # when each counter last moved
         gone = np.zeros(len(workers), bool)
@@ -104,14 +104,14 @@ class PsTask:
                 sess.run(self.depart,
                          {self.gone_now: np.flatnonzero(newly_gone)})
             waited = came if elastic else np.full(len(workers), True)
-            over = ended | (silent > worker_timeout)
+            over = ended | (silent > worker_timeout.secs)
             # Elastic: the chief too has ended, or fell silent.
             if np.all(over | ~waited) and (over[0] or not elastic):
                 # The workers that fell silent, and in an elastic run how
                 # many came and left, in a line each.
                 if not np.all(ended | ~came):
                     print('%s: every worker has ended or fell silent: %s not '
-                          'heard for %g s (--worker_timeout)' % (
+                          'heard for %s' % (
                               self.place.name, ', '.join(
                                   self.place.task('worker', i)
                                   for i in np.flatnonzero(~ended & came)),
@@ -131,7 +131,7 @@ class PsTask:
                 enough = now
             elif now - enough > deadline.secs + STARTUP_GRACE_SECS:
                 raise TaskFailed(
-                    'fewer than %d workers (--min_workers) for %g s '
-                    '(--startup_timeout): %d of the %d listed here'
-                    % (min_workers, startup_timeout, np.sum(came & ~gone),
+                    'fewer than %d workers (%s) for %s: %d of the %d '
+                    'listed here' % (min_workers, MIN_WORKERS,
+                                     startup_timeout, np.sum(came & ~gone),
                        len(workers)))

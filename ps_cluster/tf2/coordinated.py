@@ -44,18 +44,17 @@ class Word:
             self.say = self.word.assign(self.value)
         self.preempting = False
 
-    def preempted(self, secs):
+    def preempted(self, grace):
         """Says that a scheduler preempted this server (SIGTERM), and waits
-        up to a second before secs for the coordinator to save: returns
-        this server's line."""
+        up to a second before `grace` (a Limit) is over for the
+        coordinator to save: returns this server's line."""
         self.preempting = True
         self.sess.run(self.say, {self.value: PREEMPTED})
         word = poll(lambda: self._read().replace(PREEMPTED, '', 1),
-                    secs - 1, 0.1)
+                    grace.secs - 1, 0.1)
         return PREEMPTED + (word or (
-            '; the coordinator did not save the model within %g s '
-            '(--preemption_grace): its steps since its last checkpoint are '
-            'lost' % secs))
+            '; the coordinator did not save the model within %s: its steps '
+            'since its last checkpoint are lost' % (grace,)))
 
     def _read(self):
         try:
@@ -66,10 +65,10 @@ class Word:
     def wait(self, coordinator, startup_timeout, silent_timeout, ps=()):
         """Until the coordinator at `coordinator` (its name and address)
         sets the word, which is returned; TaskFailed if it does not come up
-        within startup_timeout, or stops answering for silent_timeout (a
-        restarted coordinator answers again). While it does not answer, a
-        word it set on a ps task of `ps` ({name: address}), which it tells
-        first, is taken as this task's."""
+        within startup_timeout, or stops answering for silent_timeout (each
+        a Limit; a restarted coordinator answers again). While it does not
+        answer, a word it set on a ps task of `ps` ({name: address}), which
+        it tells first, is taken as this task's."""
         name, address = coordinator
         heard = None
         started = time.monotonic()
@@ -92,14 +91,14 @@ class Word:
                         if word and not word.startswith(PREEMPTED)]
                 if told:
                     return told[0]
-                if heard is None and now - started > startup_timeout:
+                if heard is None and now - started > startup_timeout.secs:
                     raise TaskFailed('the coordinator, %s (%s), did not come '
-                                     'up within %g s' % (name, address,
-                                                         startup_timeout))
-                if heard is not None and now - heard > silent_timeout:
+                                     'up within %s' % (name, address,
+                                                       startup_timeout))
+                if heard is not None and now - heard > silent_timeout.secs:
                     raise TaskFailed('the coordinator, %s (%s), has not '
-                                     'answered for %g s' % (name, address,
-                                                            silent_timeout))
+                                     'answered for %s' % (name, address,
+                                                          silent_timeout))
             time.sleep(0.5)
 
 

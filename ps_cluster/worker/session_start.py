@@ -12,6 +12,7 @@ from ps_cluster import errors, liveness, probes
 from ps_cluster.deadlines import Deadline, call_within, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE
+from ps_cluster.settings import LOGDIR
 from ps_cluster.worker.watchdog import Watchdog
 
 
@@ -53,7 +54,7 @@ class SessionCreator(tf.train.SessionCreator):
         among them; or TaskFailed. A recovery's asks whether the ps tasks
         are back within its `deadline` (a Deadline); once they are, as the
         first once they are up, it starts within startup_timeout."""
-        start = Deadline(self.startup_timeout, '--startup_timeout')
+        start = Deadline(self.startup_timeout)
         coord = tf.train.Coordinator()
         self.watch.store_in(coord)
         if self.session is None:
@@ -148,8 +149,8 @@ class SessionCreator(tf.train.SessionCreator):
         stands; with `hold`, once the workers hold their updates (the global
         step stands still over a beat). Each ps that says it was preempted
         is told what became of it; returns that."""
-        deadline = Deadline(self.preemption_grace, '--preemption_grace')
-        word, sess = 'has no --logdir to save the model in', None
+        deadline = Deadline(self.preemption_grace)
+        word, sess = 'has no %s to save the model in' % LOGDIR, None
         if self.logdir:
             # Over connections of its own: after a network cut, even one
             # that healed, the shared ones may carry nothing for minutes.
@@ -165,9 +166,9 @@ class SessionCreator(tf.train.SessionCreator):
                     max(0, deadline.left() - 2 * self.TELL_SECS),
                     self._save, sess, hold and deadline.left() / 2)
             except (tf.errors.OpError, ValueError, TimeoutError) as e:
-                word = ('cannot save the model in --logdir=%s (%s): its '
+                word = ('cannot save the model in %s=%s (%s): its '
                         'updates since the last checkpoint are lost' % (
-                            self.logdir.path, 'no answer %s' % deadline
+                            LOGDIR, self.logdir.path, 'no answer %s' % deadline
                             if isinstance(e, TimeoutError)
                             else errors.what_went_wrong(e)))
         # Each within TELL_SECS of what is left of the grace: a ps that
@@ -325,8 +326,8 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
         if not checkpoint:
             raise
         raise TaskFailed('cannot restore the checkpoint %s (%s): move it '
-                         'away, or choose another --logdir'
-                         % (checkpoint, errors.what_went_wrong(e)))
+                         'away, or choose another %s'
+                         % (checkpoint, errors.what_went_wrong(e), LOGDIR))
     except RuntimeError as e:
         # A ps that restarted as the chief initialized it lost the model.
         raise tf.errors.AbortedError(None, None, 'the model is not ready '
@@ -343,8 +344,8 @@ def open_session(sv, target, config, cluster, watch, coord, deadline, logdir,
                                      cluster.num_tasks('worker')), flush=True)
     elif reopened:
         print('worker=0: initialized the model again: %s' % (
-            'no checkpoint in --logdir yet' if logdir
-            else 'without --logdir there is no checkpoint to restore'),
+            'no checkpoint in %s yet' % LOGDIR if logdir
+            else 'without %s there is no checkpoint to restore' % LOGDIR),
             flush=True)
     else:
         print('worker=0: initialized the model', flush=True)

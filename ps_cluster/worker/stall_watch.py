@@ -17,13 +17,14 @@ class StallWatch(threading.Thread):
     the coordinator of the session being made or run (store_in()).
 
     No failure stored: a call during which the step has stood still for
-    `secs`, or for `outage.secs` while a ps task does not answer (for
+    `limit` (a deadlines.Limit, --stall_timeout's), or for the outage's
+    while a ps task does not answer (for
     liveness.GONE_SECS: a probe may fail as a cut heals), is a failure,
     which names the ps tasks that do not answer, else the workers whose
     beats stand still (`place`, this worker's; in an `elastic` run, of
     those that came); but the first such run while every task answers is
     errors.Stuck, after which a new session is tried, and so is a call that
-    has lasted `secs` while the others' steps go on, once until a training
+    has lasted `limit` while the others' steps go on, once until a training
     run returns. A failure stored: the watch closes the session the main
     thread runs in, which cancels the run, and the main thread raises it;
     if the main thread is still inside the same call GRACE_SECS after the
@@ -40,10 +41,10 @@ class StallWatch(threading.Thread):
     # Closing a session on a live ps cancels its runs within a second.
     GRACE_SECS = 3
 
-    def __init__(self, end, place, secs, outage, elastic=False):
+    def __init__(self, end, place, limit, outage, elastic=False):
         super().__init__(daemon=True, name='stall watch')
         self.end, self.place, self.elastic = end, place, elastic
-        self.secs, self.outage = secs, outage
+        self.limit, self.outage = limit, outage
         # The Watchdog writes the step, the main thread its call and the
         # coordinator.
         self._lock = threading.Lock()
@@ -128,15 +129,15 @@ class StallWatch(threading.Thread):
         what, _, deadline, entered = call
         now = time.monotonic()
         idle = now - max(moved, entered)
-        if not deadline and moved > entered and now - entered > self.secs \
+        if not deadline and moved > entered \
+                and now - entered > self.limit.secs \
                 and now - moved < liveness.GONE_SECS:
             # The others' steps go on (async; the step moved during the
             # call and still moves: a frozen ps stops it for all): this
             # worker's run alone is stuck. A new session, once until a
             # training run returns.
-            line = ('no step of its own for %g s (--stall_timeout), waiting '
-                    'in %s, while the global step goes on' % (self.secs,
-                                                              what))
+            line = ('no step of its own for %s, waiting in %s, while the '
+                    'global step goes on' % (self.limit, what))
             with self._lock:
                 again, self._alone = self._alone, True
             if again:
@@ -144,7 +145,7 @@ class StallWatch(threading.Thread):
                                    'session too' % line)
             return self._stuck(coord, line)
         if deadline and deadline.left() or not deadline and idle <= min(
-                self.secs, self.outage.secs):
+                self.limit.secs, self.outage.limit.secs):
             return None
         silent = self._within(probes.silent, self.place.cluster, 'ps') or []
         # Silent once it has not answered for GONE_SECS: a probe may fail
@@ -164,8 +165,8 @@ class StallWatch(threading.Thread):
         if silent:
             why = ', '.join(self.place.task('ps', i) + ' does not answer'
                             for i in silent)
-        if idle > self.secs:
-            secs, flag = self.secs, '--stall_timeout'
+        if idle > self.limit.secs:
+            limit = self.limit
             if not silent:
                 workers = self._within(liveness.silent_workers, self.place,
                                        self.elastic)
@@ -180,16 +181,15 @@ class StallWatch(threading.Thread):
                         self._stuck_at = self._step
                 if stuck:
                     return self._stuck(
-                        coord, 'no new global step for %g s '
-                        '(--stall_timeout), waiting in %s, while every task '
-                        'answers' % (secs, what))
+                        coord, 'no new global step for %s, waiting in %s, '
+                        'while every task answers' % (limit, what))
         elif silent:
-            secs, flag = self.outage.secs, self.outage.flag
+            limit = self.outage.limit
         else:
             return None
         return errors.fail(
-            coord, 'training stalled: no new global step for %g s (%s), '
-            'waiting in %s; %s' % (secs, flag, what, why))
+            coord, 'training stalled: no new global step for %s, waiting '
+            'in %s; %s' % (limit, what, why))
 
     @staticmethod
     def _stuck(coord, message):
