@@ -61,6 +61,13 @@ class Outage:
         return Deadline(self.limit, since=self.found())
 
 
+def time_left(secs):
+    """A duration to come, as a person reads it."""
+    minutes, secs = divmod(int(secs + 0.5), 60)
+    return '%d min %02d s left' % (minutes, secs) if minutes else (
+        '%d s left' % secs)
+
+
 def in_thread(function, *args):
     """A Future of function(*args), called in a daemon thread of its own:
     one that waits on a frozen ps for good is left to it."""

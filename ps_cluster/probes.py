@@ -11,6 +11,11 @@ from ps_cluster import server
 from ps_cluster.deadlines import call_within, poll
 from ps_cluster.exits import TaskFailed
 
+# A worker counts its startup timeout from when it reached the ps; the ps,
+# from its own start, waits this much longer for a worker that never came,
+# so that a worker waiting for a chief that never came names it itself.
+STARTUP_GRACE_SECS = 5
+
 
 def answers(address, timeout=2.0):
     """Whether the TensorFlow server at address answers a call within

@@ -153,11 +153,10 @@ def watchdog(cluster, index, startup_timeout=10, on_step=None,
                 cluster=cluster)):
             global_step = tf.train.get_or_create_global_step()
         init_op = tf.global_variables_initializer()
-    dog = Watchdog(tf.train.Coordinator(), global_step, worker,
-                            config, sources.Place(cluster, 'worker', index),
-                            Watch(on_step),
-                            Deadline(Limit(startup_timeout, '--startup_timeout')),
-                            on_departure and Tokens(on_departure), slot)
+    dog = Watchdog(tf.train.Coordinator(), global_step, worker, config,
+                   sources.Place(cluster, 'worker', index), Watch(on_step),
+                   Deadline(Limit(startup_timeout, '--startup_timeout')),
+                   on_departure and Tokens(on_departure), slot)
     sess = tf.Session(worker.target, graph=global_step.graph, config=config)
     try:
         if training:
@@ -226,8 +225,9 @@ def test_a_worker_that_left_during_training_is_named_once(shared_cluster,
     cluster = shared_cluster(1, 2)
     ps = start_ps(cluster, 0)
     # The ps counts the departures that the Watchdog reads.
-    serving = threading.Thread(target=ps.serve_until_workers_gone,
-                               args=(10, 10), daemon=True)
+    serving = threading.Thread(target=ps.serve_until_workers_gone, args=(
+        Limit(10, '--startup_timeout'), Limit(10, '--worker_timeout')),
+        daemon=True)
     serving.start()
     asked, steps = queue.Queue(), queue.Queue()
 

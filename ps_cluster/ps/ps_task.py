@@ -9,12 +9,8 @@ import tensorflow.compat.v1 as tf
 from ps_cluster import liveness, probes
 from ps_cluster.deadlines import Deadline, poll
 from ps_cluster.exits import TaskFailed
+from ps_cluster.probes import STARTUP_GRACE_SECS
 from ps_cluster.settings import MIN_WORKERS
-
-# A worker counts its startup timeout from when it reached the ps; the ps,
-# from its own start, waits this much longer for a worker that never came,
-# so that a worker waiting for a chief that never came names it itself.
-STARTUP_GRACE_SECS = 5
 
 
 class PsTask:

@@ -3,7 +3,8 @@ and leaves by itself."""
 
 import threading
 
-from ps_cluster.ps.ps_task import STARTUP_GRACE_SECS, PsTask
+from ps_cluster.probes import STARTUP_GRACE_SECS
+from ps_cluster.ps.ps_task import PsTask
 from ps_cluster.settings import MIN_WORKERS
 from ps_cluster.task import Task
 

@@ -5,8 +5,8 @@ import time
 
 import tensorflow as tf
 
+from ps_cluster.deadlines import time_left
 from ps_cluster.logdir import Logdir
-from ps_cluster.worker.training_log import time_left
 
 
 class Log:

@@ -13,7 +13,6 @@ from ps_cluster import exits, liveness, probes
 from ps_cluster.deadlines import Outage, poll
 from ps_cluster.exits import TaskFailed
 from ps_cluster.logdir import CHIEF_DONE, CHIEF_LEFT, marker
-from ps_cluster.ps.ps_task import STARTUP_GRACE_SECS
 from ps_cluster.task import Task
 from ps_cluster.worker import placement
 from ps_cluster.worker.recoverable_session import RecoverableSession
@@ -125,7 +124,7 @@ class Worker(Task):
             return None
         ps = self.place.cluster.job_tasks('ps')
         if poll(lambda: any(map(probes.is_listening, ps)),
-                0 if waited else STARTUP_GRACE_SECS, 0.2):
+                0 if waited else probes.STARTUP_GRACE_SECS, 0.2):
             return None
         return marker(self.settings.logdir, CHIEF_DONE, 0)
 

@@ -8,21 +8,15 @@ import time
 import tensorflow.compat.v1 as tf
 
 from ps_cluster import errors
+from ps_cluster.deadlines import time_left
 from ps_cluster.logdir import Logdir, close_within
-
-
-def time_left(secs):
-    """A duration to come, as a person reads it."""
-    minutes, secs = divmod(int(secs + 0.5), 60)
-    return '%d min %02d s left' % (minutes, secs) if minutes else (
-        '%d s left' % secs)
 
 
 class TrainingLog:
     """accuracy_on(split) is the model's accuracy on a split of `mnist`;
-    staleness counts this worker's gradients (ps_cluster/staleness.py),
+    staleness counts this worker's gradients (staleness.py),
     written as a histogram in staleness_dir, if any, at the end; placement
-    is the lines of ps_cluster/placement.py; the summaries go to the
+    is the lines of placement.py; the summaries go to the
     Supervisor's writer, the chief's. The chief's pace also says how far
     the run is, and how long it has left at that pace: the run ends at
     global step `last_step`, or, with `own_epochs` (the book's async

@@ -1,6 +1,6 @@
-"""How stale a worker's gradients are (ps_cluster/staleness.py): the counts
-and the copies of the steps in-process; what they show on real clusters, a
-straggler among them."""
+"""How stale a worker's gradients are (ps_cluster/worker/staleness.py): the
+counts and the copies of the steps in-process; what they show on real clusters,
+a straggler among them."""
 
 import os
 import signal

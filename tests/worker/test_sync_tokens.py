@@ -1,8 +1,8 @@
-"""Sync's tokens (ps_cluster/sync_tokens.py): in-process, with servers of
-one cluster in the test's process and the book's SyncReplicasOptimizer, the
-token ops a worker runs when another departs, when it is done, and to free
-one that waits, and the chief's start of the updates in a new session. In a cluster of
-processes, a sync worker started again rejoins the run; a lost worker's
+"""Sync's tokens (ps_cluster/worker/sync_tokens.py): in-process, with servers
+of one cluster in the test's process and the book's SyncReplicasOptimizer, the
+token ops a worker runs when another departs, when it is done, and to free one
+that waits, and the chief's start of the updates in a new session. In a cluster
+of processes, a sync worker started again rejoins the run; a lost worker's
 token is put back in test_liveness.py."""
 
 import os

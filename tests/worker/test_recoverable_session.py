@@ -1,13 +1,12 @@
-"""The session that outlives a lost ps (ps_cluster/recoverable_session.py):
-in-process, with servers of one cluster in the test's process, the chief
-opens it once the ps is up, trains in it, and closing it ends the
-Supervisor's threads and marks the worker done on the ps; with no ps at its
-address, it fails after the startup timeout. In a cluster of processes, a
-ps killed and started again on its port, or stopped and continued and then
-with its connections broken, and every worker stopped and continued, each
-cost no worker its run. A ps that does not come back ends every worker:
-test_stall_watch.py, beside the stalled runs.
-"""
+"""The session that outlives a lost ps
+(ps_cluster/worker/recoverable_session.py): in-process, with servers of one
+cluster in the test's process, the chief opens it once the ps is up, trains in
+it, and closing it ends the Supervisor's threads and marks the worker done on
+the ps; with no ps at its address, it fails after the startup timeout. In a
+cluster of processes, a ps killed and started again on its port, or stopped and
+continued and then with its connections broken, and every worker stopped and
+continued, each cost no worker its run. A ps that does not come back ends every
+worker: test_stall_watch.py, beside the stalled runs."""
 
 import concurrent.futures
 import glob
@@ -298,7 +297,7 @@ def test_a_chief_saving_for_a_preempted_ps_that_left_gives_up_in_time(
     sess, _, _ = recoverable_session(ps.place.cluster, [],
                                      logdir=str(tmp_path))
     creator = sess.creator
-    creator.preemption_grace = 8
+    creator.preemption_grace = Limit(8, '--preemption_grace')
     # Where the ps was: nothing.
     cluster = cluster_of(free_ports)
     creator.server = small_model.server(cluster, 'worker', 0)
@@ -440,7 +439,7 @@ def test_a_recovery_waits_for_a_loss_once_from_when_it_was_found(
     with pytest.raises(TaskFailed, match=r'which did not come back within '
                        r'10 s \(--ps_timeout\)$'):
         sess._recover(tf.errors.UnavailableError(None, None, 'Socket closed'))
-    assert [deadline.flag for deadline in attempts] == ['--ps_timeout']
+    assert [deadline.limit.flag for deadline in attempts] == ['--ps_timeout']
     monkeypatch.undo()
     sess.close()
 

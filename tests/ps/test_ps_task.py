@@ -1,4 +1,4 @@
-"""A ps's end of a run (ps_cluster/ps_task.py): in-process, on a ps server
+"""A ps's end of a run (ps_cluster/ps/ps_task.py): in-process, on a ps server
 of the test's own process, the counters it sets up, whom it waits for, what
 it returns, a worker that never came, and the farewell it leaves the
 workers; in a cluster of processes, a worker that never came ends every

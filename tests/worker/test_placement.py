@@ -1,4 +1,4 @@
-"""Where the model's variables live (ps_cluster/placement.py), as the
+"""Where the model's variables live (ps_cluster/worker/placement.py), as the
 scripts' device setter places them."""
 
 import tensorflow.compat.v1 as tf

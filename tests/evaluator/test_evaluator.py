@@ -1,7 +1,7 @@
-"""The evaluator (ps_cluster/evaluator.py), in-process: it follows the
-checkpoints that a Saver writes in a logdir as the chief's does, measures
-each, and ends at the run's last step, at a timeout, or when the chief has
-left on purpose."""
+"""The evaluator (ps_cluster/evaluator/evaluator.py), in-process: it follows
+the checkpoints that a Saver writes in a logdir as the chief's does, measures
+each, and ends at the run's last step, at a timeout, or when the chief has left
+on purpose."""
 
 import contextlib
 import glob

@@ -1,6 +1,7 @@
-"""What a worker reports beyond the book's lines (ps_cluster/training_log.py),
-in-process: where it starts, its pace, its totals, and the chief's summaries,
-written by a real Supervisor into event files that are read back."""
+"""What a worker reports beyond the book's lines
+(ps_cluster/worker/training_log.py), in-process: where it starts, its pace, its
+totals, and the chief's summaries, written by a real Supervisor into event
+files that are read back."""
 
 import contextlib
 import glob

@@ -1,4 +1,4 @@
-"""Where a worker's model comes from (ps_cluster/session_start.py):
+"""Where a worker's model comes from (ps_cluster/worker/session_start.py):
 in-process, with servers of one cluster in the test's process, the chief
 initializes a new model, restores the last checkpoint, or joins the live
 model on the ps, and says which; a damaged checkpoint, or a chief that never

@@ -1,11 +1,11 @@
-"""The stall watch (ps_cluster/stall_watch.py): in-process, what it stores
-and when it ends a worker: a failure stored while the main thread runs
-Python is the main thread's to raise; one stored while it is inside a call
-into TensorFlow closes the call's session, and ends the worker only if the
-call still has not returned GRACE_SECS later; a step that stands still
-during a call is a failure that names a silent ps or the silent workers.
-And the cluster test of what only a cluster shows: a run that makes no
-step, or that lost a ps for good, ends every worker, naming why."""
+"""The stall watch (ps_cluster/worker/stall_watch.py): in-process, what it
+stores and when it ends a worker: a failure stored while the main thread runs
+Python is the main thread's to raise; one stored while it is inside a call into
+TensorFlow closes the call's session, and ends the worker only if the call
+still has not returned GRACE_SECS later; a step that stands still during a call
+is a failure that names a silent ps or the silent workers. And the cluster test
+of what only a cluster shows: a run that makes no step, or that lost a ps for
+good, ends every worker, naming why."""
 
 import os
 import queue
