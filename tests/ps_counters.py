@@ -7,7 +7,9 @@ import time
 
 import tensorflow.compat.v1 as tf
 
-from ps_cluster import liveness
+from ps_cluster import liveness, sources
+from ps_cluster.ps.ps_task import PsTask
+import small_model
 
 
 @contextlib.contextmanager
@@ -63,3 +65,19 @@ def beating(cluster, index):
     finally:
         stop.set()
         thread.join()
+
+
+def start(cluster, job, index):
+    return small_model.server(cluster, job, index)
+
+
+def start_ps(cluster, index):
+    """Ps `index`'s server, its counters set up as the ps task sets them
+    up."""
+    return PsTask(start(cluster, 'ps', index),
+                  sources.Place(cluster, 'ps', index))
+
+
+def beats_and_reasons(cluster, index):
+    return on_ps(cluster, index, lambda beats, _, __, reasons: [
+        beats, reasons])

@@ -75,7 +75,8 @@ class Tf2Task:
         not finish), 1 if it stays silent for worker_timeout. It ends the
         task."""
         settings = self.settings
-        self.task.gpu.check(server, self.config, self.job_name, self.index)
+        self.task.gpu.check(server, self.task.config, self.job_name,
+                            self.index)
         word = coordinated.Word(server, self.name)
         if self.job_name == 'ps':
             self.end.on_preemption(
