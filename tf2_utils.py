@@ -3,14 +3,10 @@ task: this task in TensorFlow 2's cluster (start_task()), from
 ps_cluster/tf2/ beneath (TensorFlow 2 only: the TF1 scripts do not import
 it)."""
 
-from absl import flags
-
 import cluster_utils
 from ps_cluster import exits
 from ps_cluster.tf2.coordinator import Coordinator
 from ps_cluster.tf2.task import Tf2Task
-
-FLAGS = flags.FLAGS
 
 
 def start_task():
@@ -20,10 +16,10 @@ def start_task():
     a flag TensorFlow 2's run cannot take."""
     task = cluster_utils.start_task(sync=False, coordinator=True)
     workers = task.cluster['worker']
-    if task.job_name == 'evaluator' and FLAGS.split_w:
+    if task.job_name == 'evaluator' and task.settings.split_w:
         exits.usage_error('--split_w: an evaluator reads w whole, and '
                           'TensorFlow 2 checkpoints its shards apart')
-    if FLAGS.shard_data:
+    if task.settings.shard_data:
         exits.usage_error('--shard_data: mnist_dist_tf2.py\'s workers read '
                           'the coordinator\'s data, all of it')
     if len(workers) < 2:
