@@ -137,15 +137,14 @@ flags.DEFINE_bool('tracebacks', False,
                   'Print the traceback of an error a task ends with, or a '
                   'thread fails with, above its one line: for reporting a '
                   'bug.')
-for _name in ('eval_timeout', 'stall_timeout', 'startup_timeout', 'ps_timeout',
-              'worker_timeout', 'save_checkpoint_secs', 'preemption_grace'):
+for _name in settings.LIMITS + ('save_checkpoint_secs',):
     flags.register_validator(_name, lambda v: v > 0, 'must be positive')
 flags.register_validator('gpu_memory_fraction',
                          lambda v: v is None or 0 < v <= 1,
                          'must be in (0, 1]')
-GPU_JOBS = ('worker', 'ps', 'evaluator', 'coordinator')
-flags.register_validator('gpu_jobs', lambda v: set(v) <= set(GPU_JOBS),
-                         'must name jobs of %s' % ', '.join(GPU_JOBS))
+GPU_JOB_NAMES = ('worker', 'ps', 'evaluator', 'coordinator')
+flags.register_validator('gpu_jobs', lambda v: set(v) <= set(GPU_JOB_NAMES),
+                         'must name jobs of %s' % ', '.join(GPU_JOB_NAMES))
 
 
 def parse_flags(argv):

@@ -2,7 +2,7 @@
 worker adds one to its own slot of a counter vector on each ps task, over
 the channels that training keeps open anyway (over its own while those
 carry nothing), every POLL_SECS; each ps reads its own where it lies and
-counts departures (ps_task.py); workers read ps 0's count and each ps's
+counts departures (ps/ps_task.py); workers read ps 0's count and each ps's
 farewell. A worker's cost is one small RPC to each ps task a poll,
 whatever the number of workers.
 

@@ -139,11 +139,13 @@ class Logdir:
                 sess, sv.save_path, global_step=sv.global_step))
 
     @contextlib.contextmanager
-    def one_save(self):
+    def one_save(self, blocking=False):
         """One save at a time, of TensorFlow 1's chief or 2's coordinator
         (a save from the signals' thread beside the checkpoint loop's);
-        ValueError if the one before has not ended within LOCK_SECS."""
-        if not self._saving.acquire(timeout=self.LOCK_SECS):
+        ValueError if the one before has not ended within LOCK_SECS, unless
+        `blocking`: however long it takes."""
+        if not self._saving.acquire(timeout=-1 if blocking
+                                    else self.LOCK_SECS):
             raise ValueError('the save before it has not ended within %g s'
                              % self.LOCK_SECS)
         try:

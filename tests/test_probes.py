@@ -67,7 +67,8 @@ def test_the_wait_for_tasks_ends_once_every_task_listens(listening, closed):
                                     'worker': ['localhost:1']})
     # ps 1 comes up during the wait; the worker is not waited for.
     threading.Timer(0.3, closed.listen).start()
-    probes.wait_for_tasks(cluster, 'ps', Deadline(Limit(10, '--startup_timeout')))
+    probes.wait_for_tasks(cluster, 'ps',
+                          Deadline(Limit(10, '--startup_timeout')))
 
 
 def test_the_wait_for_tasks_names_the_first_task_missing(listening, closed):

@@ -4,11 +4,11 @@ What pip would install on Python 3.7 is asked of pip itself, with the
 environment markers evaluated here for 3.7 (pip evaluates them for the
 Python it runs on, even with --python-version). Proven here: that the
 protobuf pip picks there loads TensorFlow 1.15.5's generated code, and that
-every tf. name of the scripts, cluster_utils.py and ps_cluster/ (but
-tf2/, TensorFlow 2's) exists in 1.15.5's tf.compat.v1. Not proven: that the scripts run on 1.15 (that needs
-Python 3.7). Reads TensorFlow 1.15.5's wheel (about 110 MB, its Python tree
-is the same as tensorflow-gpu's); skips, saying why, where PyPI cannot be
-reached.
+every tf. name of the scripts, cluster_utils.py and ps_cluster/ (but tf2/,
+TensorFlow 2's) exists in 1.15.5's tf.compat.v1. Not proven: that the
+scripts run on 1.15 (that needs Python 3.7). Reads TensorFlow 1.15.5's
+wheel (about 110 MB, its Python tree is the same as tensorflow-gpu's);
+skips, saying why, where PyPI cannot be reached.
 """
 
 import ast

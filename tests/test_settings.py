@@ -55,11 +55,26 @@ def strings_beneath():
                 yield os.path.relpath(path, REPO), node.lineno, node.value
 
 
+def flags_defined():
+    """The names of the flags that cluster_utils.py and the scripts
+    define."""
+    names = set()
+    for path in ('cluster_utils.py', 'mnist_dist_async.py',
+                 'mnist_dist_sync.py', 'mnist_dist_tf2.py'):
+        for node in ast.walk(ast.parse(open(os.path.join(REPO, path)).read())):
+            if (isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr.startswith('DEFINE_')):
+                names.add(node.args[0].value)
+    return names
+
+
 def test_a_flag_is_named_beneath_only_in_the_settings():
+    ours = flags_defined()
+    assert {'ps_timeout', 'replicas_to_aggregate', 'steps_per_run'} <= ours
     named = [(path, line, text) for path, line, text in strings_beneath()
-             if path != 'ps_cluster/settings.py' and any(
-                 name in cluster_utils.FLAGS
-                 for name in re.findall(r'--(\w+)', text))]
+             if path != 'ps_cluster/settings.py' and set(
+                 re.findall(r'--(\w+)', text)) & ours]
     assert named == []
 
 
@@ -68,7 +83,10 @@ def test_each_room_imports_the_ground_and_itself_only():
     for path in glob.glob(os.path.join(GROUND, '**', '*.py'), recursive=True):
         room = os.path.relpath(os.path.dirname(path), GROUND)
         for node in ast.walk(ast.parse(open(path).read())):
-            names = ([node.module or ''] if isinstance(node, ast.ImportFrom)
+            # Each name imported, whole: ps_cluster.worker.watchdog for
+            # 'from ps_cluster.worker import watchdog' too.
+            names = ([(node.module or '') + '.' + a.name for a in node.names]
+                     if isinstance(node, ast.ImportFrom)
                      else [a.name for a in node.names]
                      if isinstance(node, ast.Import) else [])
             for name in names:
@@ -76,7 +94,7 @@ def test_each_room_imports_the_ground_and_itself_only():
                 if parts[0] in ('cluster_utils', 'tf2_utils') or (
                         parts[0].startswith('mnist_dist')):
                     wrong.append((path, name))  # up
-                elif (parts[0] == 'ps_cluster' and len(parts) > 2
+                elif (parts[0] == 'ps_cluster' and len(parts) > 1
                         and parts[1] in ROOMS and parts[1] != room):
                     wrong.append((path, name))  # beside, or from the ground
     assert wrong == []

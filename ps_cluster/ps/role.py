@@ -32,9 +32,9 @@ class Ps(Task):
                         settings.startup_timeout))
         else:
             waits = ('every worker has come and gone; one that has not come '
-                     'within %s, and %d s for a worker to name the one it '
-                     'waits for, ends the run'
-                     % (settings.startup_timeout, STARTUP_GRACE_SECS))
+                     'within %g s (%s, and %d s for a worker to name the one '
+                     'it waits for) ends the run'
+                     % (*settings.startup_timeout, STARTUP_GRACE_SECS))
         print('%s: serving until %s' % (self.name, waits), flush=True)
         left = ps.serve_until_workers_gone(
             settings.startup_timeout, settings.worker_timeout,

@@ -98,9 +98,10 @@ class Checkpoints:
             return None
         values = self.read()
         try:
-            with self._dir.one_save():
+            # After a preemption's save, however long it takes.
+            with self._dir.one_save(blocking=True):
                 return self._write(values)
-        except (tf.errors.OpError, OSError, ValueError) as e:
+        except (tf.errors.OpError, OSError) as e:
             self.failed('save a checkpoint', e)
             return None
 

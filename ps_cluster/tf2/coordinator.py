@@ -33,6 +33,9 @@ class Coordinator(Tf2Task):
     def __init__(self, task):
         super().__init__(task)
         self.servers = Servers(self.cluster, self.task_index)
+        # An evaluator follows its word in logdir/tf2.
+        self.saved = self.markers = None
+        task.end.before_leaving(self._tell_servers)
         # Its eager runtime would take the whole of every GPU it sees at
         # its first op: it sees only its own, if gpu_jobs gives it one, and
         # takes that as it needs it.
@@ -42,20 +45,20 @@ class Coordinator(Tf2Task):
         tf.config.set_visible_devices(mine, 'GPU')
         for gpu in mine:
             tf.config.experimental.set_memory_growth(gpu, True)
-        # An evaluator follows its word in logdir/tf2.
-        self.saved = self.markers = None
         if self.settings.logdir:
             self.markers = Logdir(os.path.join(self.settings.logdir, 'tf2'),
                                   self.name)
-        task.end.before_leaving(self._tell_servers)
         task.end.on_preemption(self._preempted,
                                self.settings.preemption_grace)
         self._end_on_errors()
 
     def load_mnist(self, images_per_step):
+        """The data sets of data_dir, once logdir takes a file and the
+        markers of a run before are gone."""
+        self.task.check_logdir()
         if self.markers:
             self.markers.forget_ended()
-        return super().load_mnist(images_per_step)
+        return self.task.load_mnist(images_per_step)
 
     def wait_for_servers(self):
         """Until every ps and worker answers, or TaskFailed naming those
@@ -212,7 +215,7 @@ class Coordinator(Tf2Task):
             print('%s: could not tell %s within %g s that the run is done; '
                   'each waits for it %s, then fails'
                   % (self.name, ', '.join(untold), self.DONE_SECS,
-                     self.settings.worker_timeout), flush=True)
+                     self.settings.worker_timeout.flag), flush=True)
         if self.markers and self.saved.last is not None:
             self.markers.say(CHIEF_DONE, str(self.saved.last))
         self.end.leave()

@@ -9,6 +9,12 @@ from ps_cluster.exits import TaskFailed
 from ps_cluster.tf2 import coordinated
 
 
+def tasks(cluster, job):
+    """{name: address} of the tasks of job in cluster."""
+    return {'/job:%s/task:%d' % (job, i): address for i, address in
+            enumerate(cluster.job_tasks(job))}
+
+
 class Servers:
     """The ps tasks and workers of `cluster` (TensorFlow 2's ClusterSpec),
     as the coordinator, whose --task_index its lines carry, sees them."""
@@ -24,9 +30,7 @@ class Servers:
         self.checked = time.monotonic()
 
     def tasks(self, job):
-        """{name: address} of the tasks of job."""
-        return {'/job:%s/task:%d' % (job, i): address for i, address in
-                enumerate(self.cluster.job_tasks(job))}
+        return tasks(self.cluster, job)
 
     def wait_for_all(self, startup_timeout):
         """Until every ps and worker answers, or TaskFailed naming those

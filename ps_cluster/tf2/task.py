@@ -7,7 +7,7 @@ import os
 import tensorflow as tf
 
 import mnist_data
-from ps_cluster.tf2 import coordinated
+from ps_cluster.tf2 import coordinated, servers
 
 
 class Tf2Task:
@@ -82,12 +82,10 @@ class Tf2Task:
             self.end.on_preemption(
                 lambda: word.preempted(settings.preemption_grace),
                 settings.preemption_grace)
-        coordinator = ('/job:chief/task:0',
-                       self.cluster.task_address('chief', 0))
-        ps = {'/job:ps/task:%d' % i: address for i, address in
-              enumerate(self.cluster.job_tasks('ps'))}
+        [coordinator] = servers.tasks(self.cluster, 'chief').items()
         word = word.wait(coordinator, settings.startup_timeout,
-                         settings.worker_timeout, ps)
+                         settings.worker_timeout,
+                         servers.tasks(self.cluster, 'ps'))
         if word != coordinated.DONE:
             print('%s: the coordinator, %s (%s), left: "%s"' % (
                 self.name, *coordinator, word), flush=True)

@@ -33,7 +33,8 @@ from ps_cluster.logdir import Logdir  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 from ps_cluster.worker.watchdog import Watchdog  # noqa: E402
 from ps_cluster.ps.ps_task import PsTask  # noqa: E402
-from ps_cluster.worker.recoverable_session import RecoverableSession  # noqa: E402
+from ps_cluster.worker.recoverable_session import (  # noqa: E402
+    RecoverableSession)
 from ps_cluster.worker.session_start import SessionCreator  # noqa: E402
 from ps_cluster.sources import Place  # noqa: E402
 from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402

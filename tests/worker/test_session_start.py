@@ -70,7 +70,8 @@ def open_session(cluster, sv, index, logdir=None, timeout=10,
     session's coordinator, `coord`, holds what its threads met."""
     spec, servers = cluster
     place = Place(spec, 'worker', index)
-    watch = StallWatch(None, place, Limit(60, '--stall_timeout'), Outage(Limit(60, '--ps_timeout')))
+    watch = StallWatch(None, place, Limit(60, '--stall_timeout'),
+                       Outage(Limit(60, '--ps_timeout')))
     with sv.global_step.graph.as_default():
         return session_start.open_session(
             sv, servers['worker', index].target,
