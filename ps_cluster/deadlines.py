@@ -22,7 +22,7 @@ class Deadline:
     line ends a wait that timed out."""
 
     def __init__(self, limit, grace=0, since=None):
-        self.limit, self.secs = limit, limit.secs
+        self.limit = limit
         start = time.monotonic() if since is None else since
         self.at = start + limit.secs + grace
 

@@ -69,3 +69,20 @@ def step_and_loss():
         labels=tf.one_hot(tf.zeros([8], tf.int32), 2),
         logits=tf.matmul(tf.ones([8, 4]), w) + b))
     return global_step, loss
+
+
+def placed(cluster, index):
+    """The scripts' device scope for worker `index`: the variables on the
+    ps tasks, the rest on the worker."""
+    return tf.device(tf.train.replica_device_setter(
+        worker_device='/job:worker/task:%d' % index, cluster=cluster))
+
+
+def training_step(cluster, index):
+    """In the default graph, what worker `index` of the scripts builds in
+    placed(): step_and_loss()'s model, and the global step and the training
+    step."""
+    with placed(cluster, index):
+        global_step, loss = step_and_loss()
+        return global_step, tf.train.GradientDescentOptimizer(0.1).minimize(
+            loss, global_step=global_step)

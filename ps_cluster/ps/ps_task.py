@@ -125,7 +125,7 @@ class PsTask:
                                     set(np.flatnonzero(~came)), deadline)
             elif np.sum(came & ~gone) >= min_workers:
                 enough = now
-            elif now - enough > deadline.secs + STARTUP_GRACE_SECS:
+            elif now - enough > deadline.limit.secs + STARTUP_GRACE_SECS:
                 raise TaskFailed(
                     'fewer than %d workers (%s) for %s: %d of the %d '
                     'listed here' % (min_workers, MIN_WORKERS,

@@ -132,7 +132,7 @@ class SessionCreator(tf.train.SessionCreator):
         preempted = isinstance(error, liveness.Preempted)
         print('worker=%d: %s; waiting up to %g s for it' % (
             self.place.index, error.message if preempted else self.lost(error),
-            deadline.secs), flush=True)
+            deadline.limit.secs), flush=True)
         if preempted and self.sv.is_chief:
             self.saved = True
             print('worker=0: %s' % self.preempted(hold=True), flush=True)

@@ -24,15 +24,14 @@ class Watchdog(tf.train.LooperThread):
     thread recovers. `slot`: this worker's Slot.
     """
 
-    POLL_SECS = liveness.POLL_SECS
     # A run of the Watchdog's waits for a frozen ps ten polls at most.
-    RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 10000))
+    RUN_OPTIONS = tf.RunOptions(timeout_in_ms=int(liveness.POLL_SECS * 10000))
     # A beat's wait while its beats go over connections of their own.
-    ALONE_OPTIONS = tf.RunOptions(timeout_in_ms=int(POLL_SECS * 1000))
+    ALONE_OPTIONS = tf.RunOptions(timeout_in_ms=int(liveness.POLL_SECS * 1000))
 
     def __init__(self, coord, global_step, server, config, place, watch,
                  deadline, tokens=None, slot=None):
-        super().__init__(coord, self.POLL_SECS)
+        super().__init__(coord, liveness.POLL_SECS)
         self.coord, self.global_step, self.place = coord, global_step, place
         self.watch, self.tokens = watch, tokens
         self.slot = slot or liveness.Slot()
@@ -89,7 +88,7 @@ class Watchdog(tf.train.LooperThread):
         except BaseException:
             # Closed where it was opened, but not waited for on a lost ps.
             with contextlib.suppress(Exception):
-                call_within(self.POLL_SECS * 10, self.session.close)
+                call_within(liveness.POLL_SECS * 10, self.session.close)
             raise
         self.start()
 
@@ -122,7 +121,7 @@ class Watchdog(tf.train.LooperThread):
                 gone = now - heard > liveness.GONE_SECS
                 if np.all(((beats < 0) | gone)[others]):
                     return
-            time.sleep(self.POLL_SECS)
+            time.sleep(liveness.POLL_SECS)
 
     def _run(self, fetches, session=None):
         """fetches, run in the liveness session or the given one, or None
@@ -198,7 +197,7 @@ class Watchdog(tf.train.LooperThread):
                     pass
                 except RuntimeError:  # closed
                     return
-                time.sleep(self.POLL_SECS)
+                time.sleep(liveness.POLL_SECS)
 
     def _someone_departed(self):
         departures = (liveness.run_on_ps(self.place.cluster, 0,

@@ -41,7 +41,7 @@ from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 
 import small_model  # noqa: E402
 from ps_counters import done  # noqa: E402
-from small_model import cluster_of, step_and_loss  # noqa: E402
+from small_model import cluster_of  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -78,12 +78,8 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
     the session, the Supervisor and the training step."""
     worker = small_model.server(cluster, 'worker', index)
     with tf.Graph().as_default():
-        with tf.device(tf.train.replica_device_setter(
-                worker_device='/job:worker/task:%d' % index,
-                cluster=cluster)):
-            global_step, loss = step_and_loss()
-            train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
-                loss, global_step=global_step)
+        global_step, train_op = small_model.training_step(cluster, index)
+        with small_model.placed(cluster, index):
             hooks = list(hooks) + (build() if build else [])
         sv = tf.train.Supervisor(
             is_chief=index == 0, logdir=logdir,

@@ -29,7 +29,6 @@ from ps_cluster.worker.stall_watch import StallWatch  # noqa: E402
 from ps_cluster.exits import TaskFailed  # noqa: E402
 
 import small_model  # noqa: E402
-from small_model import step_and_loss  # noqa: E402
 
 tf.disable_v2_behavior()
 
@@ -48,12 +47,7 @@ def supervisor(cluster, index, logdir=None, initializes=True):
     model (of 4 pixels and 2 classes) under replica_device_setter, and the
     Supervisor; and its training step."""
     with tf.Graph().as_default():
-        with tf.device(tf.train.replica_device_setter(
-                worker_device='/job:worker/task:%d' % index,
-                cluster=cluster)):
-            global_step, loss = step_and_loss()
-            train_op = tf.train.GradientDescentOptimizer(0.1).minimize(
-                loss, global_step=global_step)
+        global_step, train_op = small_model.training_step(cluster, index)
         return tf.train.Supervisor(
             is_chief=index == 0, logdir=logdir,
             init_op=(tf.global_variables_initializer() if initializes
