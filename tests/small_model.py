@@ -79,9 +79,9 @@ def placed(cluster, index):
 
 
 def training_step(cluster, index):
-    """In the default graph, what worker `index` of the scripts builds in
-    placed(): step_and_loss()'s model, and the global step and the training
-    step."""
+    """Builds in the default graph, under placed(), step_and_loss()'s model
+    and its gradient descent training step, as worker `index` of the
+    scripts builds theirs; returns (global_step, train_op)."""
     with placed(cluster, index):
         global_step, loss = step_and_loss()
         return global_step, tf.train.GradientDescentOptimizer(0.1).minimize(

@@ -73,7 +73,8 @@ def recoverable_session(cluster, died, startup_timeout=10, hooks=(),
     its own (the model, of 4 pixels and 2 classes, under
     replica_device_setter, and the Supervisor, of `logdir` if any), and its
     RecoverableSession, opened by its own server, with `hooks` and those
-    that build() returns, which makes ops of the test's own in the graph;
+    that build() returns, which makes ops of the test's own in the graph,
+    in a placed() of their own (a variable of theirs goes to ps 0 first);
     a failure the stall watch ends the worker with goes to died. Returns
     the session, the Supervisor and the training step."""
     worker = small_model.server(cluster, 'worker', index)
